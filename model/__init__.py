@@ -1,0 +1,1 @@
+"""Hand-built Transformer (pure torch)."""
