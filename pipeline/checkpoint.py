@@ -1,0 +1,82 @@
+"""Resumable checkpoints: written atomically, the last K kept, loaded with weights_only=True.
+
+A checkpoint holds everything a run needs to continue bit-for-bit: model, optimizer, schedule,
+gradient scaler, RNG states (python, numpy, torch, CUDA), data position and step, and the curve
+rows so far. It also holds a hash of the run's configuration: a checkpoint left by a run with other
+settings (the user edited params.yaml since) is never resumed from.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.atomic import atomic_path
+
+_NAME = re.compile(r"step-(\d{8})\.pt$")
+
+
+def config_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def rng_state() -> dict:
+    """RNG states as plain lists and tensors, so weights_only loading accepts them."""
+    np_state = np.random.get_state()
+    state = {
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """Checkpoint files in `directory`, oldest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _NAME.search(p.name))
+
+
+def save(directory: Path, step: int, state: dict, keep: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step-{step:08d}.pt"
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    for old in checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_latest(directory: Path, expected_hash: str) -> dict | None:
+    """The newest readable checkpoint made with the same configuration, or None."""
+    for path in reversed(checkpoints(directory)):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a damaged file: fall back to the one before
+            print(f"warning: skipping unreadable checkpoint {path} ({exc})")
+            continue
+        if state.get("config_hash") == expected_hash:
+            return state
+        print(f"note: {path} was made with other settings; starting afresh")
+        return None
+    return None

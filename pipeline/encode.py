@@ -1,0 +1,93 @@
+"""Stage `encode`: token ids of every split into parquet shards, plus a manifest.
+
+    python -m pipeline.encode --data data/filtered --tokenizer data/tokenizer --out data/shards
+
+Streaming: rows are read, encoded and written in record batches, never the whole corpus at once.
+Shards hold bare ids (no bos/eos): where those go is the model layout's business, not the data's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import sentencepiece as spm
+
+from pipeline.atomic import atomic_path
+from pipeline.params import ParamsError, load_params
+from pipeline.train_bpe import file_sha256
+
+SPLITS = ("train", "validation", "test")
+SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32()))])
+
+
+def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, split: str,
+                 shard_examples: int) -> dict:
+    files, examples, src_tokens, tgt_tokens = [], 0, 0, 0
+    writer, in_shard = None, 0
+    source = pq.ParquetFile(parquet)
+    for batch in source.iter_batches(batch_size=min(shard_examples, 4096), columns=["source", "target"]):
+        src = sp.encode(batch.column("source").to_pylist())
+        tgt = sp.encode(batch.column("target").to_pylist())
+        start = 0
+        while start < len(src):
+            if writer is None:
+                name = f"{split}-{len(files):05d}.parquet"
+                writer = pq.ParquetWriter(out_dir / name, SCHEMA)
+                files.append(name)
+                in_shard = 0
+            take = min(shard_examples - in_shard, len(src) - start)
+            writer.write_table(pa.table({"src_ids": src[start:start + take], "tgt_ids": tgt[start:start + take]},
+                                        schema=SCHEMA))
+            src_tokens += sum(map(len, src[start:start + take]))
+            tgt_tokens += sum(map(len, tgt[start:start + take]))
+            examples += take
+            in_shard += take
+            start += take
+            if in_shard == shard_examples:
+                writer.close()
+                writer = None
+    if writer is not None:
+        writer.close()
+    return {"files": files, "examples": examples, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
+
+
+def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int) -> dict:
+    model_file = tokenizer_dir / "spm.model"
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    meta_path = data_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    manifest = {
+        "task": meta.get("task", "summarization"),
+        "source": meta.get("source"),
+        "vocab_size": sp.get_piece_size(),
+        "pad_id": sp.pad_id(), "unk_id": sp.unk_id(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
+        "tokenizer_sha256": file_sha256(model_file),
+        "splits": {},
+    }
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        for split in SPLITS:
+            manifest["splits"][split] = encode_split(data_dir / f"{split}.parquet", sp, tmp, split, shard_examples)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_params(args.params).encode
+        encode(Path(args.data), Path(args.tokenizer), Path(args.out), cfg.shard_examples)
+    except (ParamsError, ValueError, OSError) as exc:
+        raise SystemExit(f"encode: {exc}")
+
+
+if __name__ == "__main__":
+    main()

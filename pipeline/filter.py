@@ -1,0 +1,113 @@
+"""Stage `filter`: keep examples within the token-length limits, subsample, split.
+
+    python -m pipeline.filter --raw data/raw --out data/filtered --metrics data/metrics/filter.json
+
+Lengths are counted with a cheap pre-tokenizer (words and punctuation marks), before any subword
+model exists; the limits therefore bound the BPE length only roughly (BPE is usually longer).
+Sources without a validation or test split get one carved from train with a seeded shuffle.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.atomic import atomic_path, atomic_write_json
+from pipeline.params import FilterParams, ParamsError, load_params
+
+SPLITS = ("train", "validation", "test")
+_PRETOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def count_tokens(text: str) -> int:
+    return len(_PRETOKEN.findall(text))
+
+
+def percentiles(lengths: pd.Series) -> dict[str, float]:
+    if lengths.empty:
+        return {"p50": None, "p90": None, "p99": None, "max": None}
+    q = np.percentile(lengths.to_numpy(), [50, 90, 99])
+    return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "max": float(lengths.max())}
+
+
+def read_raw(raw_dir: Path) -> dict[str, pd.DataFrame]:
+    frames = {}
+    for split in SPLITS:
+        path = raw_dir / f"{split}.parquet"
+        if path.exists():
+            frame = pd.read_parquet(path)
+            missing = {"source", "target"} - set(frame.columns)
+            if missing:
+                raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+            frames[split] = frame[["source", "target"]].fillna("")
+    if "train" not in frames:
+        raise ValueError(f"{raw_dir}: no train.parquet")
+    return frames
+
+
+def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Length filter + subsample per split, then carve missing validation/test splits from train."""
+    rng = np.random.default_rng(cfg.seed)
+    kept, stats = {}, {"splits": {}}
+    all_src, all_tgt = [], []
+    for split, frame in frames.items():
+        src_len = frame["source"].map(count_tokens)
+        tgt_len = frame["target"].map(count_tokens)
+        all_src.append(src_len)
+        all_tgt.append(tgt_len)
+        ok = src_len.between(cfg.min_source_tokens, cfg.max_source_tokens) & \
+            tgt_len.between(cfg.min_target_tokens, cfg.max_target_tokens)
+        frame = frame[ok.to_numpy()]
+        if cfg.subsample < 1.0:
+            frame = frame[rng.random(len(frame)) < cfg.subsample]
+        kept[split] = frame.reset_index(drop=True)
+        stats["splits"][split] = {"raw": int(len(ok)), "kept": int(len(frame)), "dropped": int(len(ok) - len(frame))}
+    missing = [s for s in ("validation", "test") if s not in kept]
+    if missing:
+        train = kept["train"].iloc[rng.permutation(len(kept["train"]))].reset_index(drop=True)
+        fractions = {"validation": cfg.val_fraction, "test": cfg.test_fraction}
+        start = 0
+        for split in missing:
+            n = int(round(len(train) * fractions[split]))
+            kept[split] = train.iloc[start:start + n].reset_index(drop=True)
+            stats["splits"][split] = {"raw": 0, "kept": n, "dropped": 0, "carved_from_train": True}
+            start += n
+        kept["train"] = train.iloc[start:].reset_index(drop=True)
+        stats["splits"]["train"]["kept"] = len(kept["train"])
+    for split in SPLITS:
+        if kept.get(split) is None or kept[split].empty:
+            raise ValueError(f"filter: split {split!r} is empty after filtering; loosen the filter limits")
+    stats["source_len_percentiles"] = percentiles(pd.concat(all_src))
+    stats["target_len_percentiles"] = percentiles(pd.concat(all_tgt))
+    stats["limits"] = cfg.model_dump()
+    return kept, stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--raw", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--metrics", required=True)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_params(args.params).filter
+        raw = Path(args.raw)
+        kept, stats = filter_splits(read_raw(raw), cfg)
+        with atomic_path(args.out) as tmp:
+            tmp.mkdir(parents=True)
+            for split, frame in kept.items():
+                frame.to_parquet(tmp / f"{split}.parquet", index=False)
+            if (raw / "meta.json").exists():
+                shutil.copy(raw / "meta.json", tmp / "meta.json")
+        atomic_write_json(args.metrics, stats)
+    except (ParamsError, ValueError, OSError) as exc:
+        raise SystemExit(f"filter: {exc}")
+
+
+if __name__ == "__main__":
+    main()

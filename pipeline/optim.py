@@ -1,0 +1,55 @@
+"""AdamW with the usual exemptions, and the learning-rate schedules.
+
+Weight decay applies to matrices of linear layers only: norms, biases and embeddings are exempt
+(decaying them pulls gains and token vectors towards zero for no regularisation benefit).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    exempt = set()
+    for module in model.modules():
+        if isinstance(module, nn.Embedding) or "norm" in type(module).__name__.lower():
+            exempt.update(id(p) for p in module.parameters(recurse=False))
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim < 2 or id(p) in exempt or "embed" in name:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, lr: float, betas, eps: float, weight_decay: float,
+                   device: torch.device) -> torch.optim.AdamW:
+    fused = device.type == "cuda"  # the fused kernel exists for CUDA tensors only
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps,
+                             fused=fused)
+
+
+def lr_factor(step: int, schedule: str, warmup: int, total: int, floor: float) -> float:
+    """Multiplier of the base learning rate at optimizer step `step` (0-based)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if schedule == "inverse_sqrt":
+        return math.sqrt(max(warmup, 1) / (step + 1))
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "cosine":
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return floor + (1 - floor) * (1 - progress)
+    raise ValueError(f"train.schedule: unknown schedule {schedule!r}")
+
+
+def make_scheduler(optimizer, schedule: str, warmup: int, total: int, floor: float):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, schedule, warmup, total, floor))

@@ -1,0 +1,204 @@
+"""params.yaml, validated once: the schema of every section and the ablation merge.
+
+Only the stages' `main()` functions call `load_params`; workers receive plain values. Unknown keys
+are errors (a typo in an ablation must not silently train the baseline again), reported as one line
+that names the offending key path.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ParamsError(ValueError):
+    """A params.yaml problem; its message names the offending key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SyntheticParams(Section):
+    n_examples: int = Field(4000, gt=0)  # articles generated before filtering
+    seed: int = 1234  # the generator's own seed: the dataset is fixed across training seeds
+
+
+class DataParams(BaseModel):
+    # Extra keys are allowed here: each real source keeps its options under data.<source name>,
+    # validated by that source's own schema when the download stage runs.
+    model_config = ConfigDict(extra="allow")
+    source: str = "synthetic"
+    cache_dir: str | None = None  # where real downloads are cached (default ~/.cache/ablation-lab)
+    synthetic: SyntheticParams = SyntheticParams()
+
+
+class FilterParams(Section):
+    min_source_tokens: int = Field(0, ge=0)
+    max_source_tokens: int = Field(1024, gt=0)
+    min_target_tokens: int = Field(1, ge=0)
+    max_target_tokens: int = Field(256, gt=0)
+    subsample: float = Field(1.0, gt=0, le=1)  # fraction kept after the length filter
+    val_fraction: float = Field(0.1, ge=0, lt=1)  # only used where the source has no such split
+    test_fraction: float = Field(0.1, ge=0, lt=1)
+    seed: int = 0
+
+
+class TrainBpeParams(Section):
+    model_type: Literal["bpe", "char", "unigram"] = "bpe"
+    vocab_size: int = Field(1000, gt=4)
+    character_coverage: float = Field(1.0, gt=0, le=1)
+    input_sentence_size: int = Field(1_000_000, gt=0)  # sentences sampled for training the tokenizer
+    pad_id: int = 0
+    unk_id: int = 1
+    bos_id: int = 2
+    eos_id: int = 3
+
+
+class EncodeParams(Section):
+    shard_examples: int = Field(50_000, gt=0)  # rows per parquet shard
+
+
+class TrainParams(Section):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    budget_tokens: int = Field(1_000_000, gt=0)  # target tokens seen by every variant (fair budget)
+    budget_steps: int | None = Field(None, gt=0)  # if set, train this many optimizer steps instead
+    batch_tokens: int = Field(4096, gt=0)  # seq2seq: cap on padded tokens per batch
+    batch_size: int = Field(32, gt=0)  # language modelling: windows per batch
+    context: int = Field(256, gt=1)  # language modelling: window length
+    grad_accum: int = Field(1, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(1e-9, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    schedule: Literal["constant", "cosine", "inverse_sqrt", "linear"] = "cosine"
+    warmup_steps: int = Field(100, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine/linear floor as a fraction of lr
+    clip_grad_norm: float | None = Field(1.0, gt=0)
+    eval_every: int = Field(100, gt=0)  # steps between validation passes
+    eval_examples: int = Field(256, gt=0)  # fixed validation subset (seq2seq examples / LM windows)
+    log_every: int = Field(20, gt=0)
+    checkpoint_every: int = Field(200, gt=0)
+    keep_checkpoints: int = Field(2, gt=0)
+    compile: bool = False  # torch.compile on CUDA
+    threads: int = Field(0, ge=0)  # CPU threads for torch; 0 = torch's default
+
+
+class EvaluateParams(Section):
+    max_examples: int = Field(200, gt=0)  # test examples decoded for the task metric
+    decode: Literal["greedy", "beam", "sample"] = "greedy"
+    beam_size: int = Field(4, gt=0)
+    length_penalty: float = 1.0
+    temperature: float = Field(1.0, gt=0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0)
+    n_samples: int = Field(5, ge=0)  # sample outputs shown in the report
+    batch_size: int = Field(32, gt=0)
+
+
+class ReportParams(Section):
+    baseline: str = "baseline"
+    experiment: str = "ablation-lab"  # MLflow experiment that holds every run
+
+
+class Params(Section):
+    data: DataParams = DataParams()
+    filter: FilterParams = FilterParams()
+    train_bpe: TrainBpeParams = TrainBpeParams()
+    encode: EncodeParams = EncodeParams()
+    model: dict[str, Any] = {}
+    train: TrainParams = TrainParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    report: ReportParams = ReportParams()
+    seeds: list[int] = Field([0], min_length=1)
+    ablations: dict[str, dict[str, Any]] = {"baseline": {}}
+
+    @field_validator("ablations")
+    @classmethod
+    def _ablation_sections(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, overrides in value.items():
+            for section in overrides or {}:
+                if section not in ABLATABLE:
+                    raise ValueError(f"{name}: unknown section {section!r} (allowed: model, train)")
+        return value
+
+
+ABLATABLE = ("model", "train")
+# ModelConfig fields that come from the tokenizer, not from params.yaml.
+FROM_TOKENIZER = ("vocab_size", "pad_id", "bos_id", "eos_id")
+
+
+def model_fields() -> dict[str, Any]:
+    """ModelConfig's user-settable fields and their defaults (the model package owns them)."""
+    from model import ModelConfig
+
+    out = {}
+    for f in dataclasses.fields(ModelConfig):
+        if f.name in FROM_TOKENIZER:
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = None
+    return out
+
+
+def _error_line(exc: ValidationError, source: str) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    return f"{source}: {where}: {err['msg']}"
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ParamsError(f"{path}: cannot read: {exc}".splitlines()[0]) from exc
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping at the top level")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as exc:
+        raise ParamsError(_error_line(exc, str(path))) from exc
+
+
+def merge_overrides(base: dict[str, Any], overrides: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Return `base` with `overrides` applied recursively; every override key must exist in base."""
+    merged = copy.deepcopy(base)
+    for key, value in (overrides or {}).items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in merged:
+            raise ParamsError(f"unknown key {path!r}")
+        if isinstance(merged[key], dict) and isinstance(value, dict):
+            merged[key] = merge_overrides(merged[key], value, path)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def resolve_variant(params: Params, variant: str) -> dict[str, dict[str, Any]]:
+    """The full `model` and `train` settings of one variant: baseline defaults + its overrides."""
+    if variant not in params.ablations:
+        raise ParamsError(f"ablations: no variant named {variant!r} (have: {', '.join(params.ablations)})")
+    known = model_fields()
+    for key in params.model:
+        if key not in known:
+            raise ParamsError(f"model: unknown key {key!r} (known: {', '.join(sorted(known))})")
+    base = {
+        "model": {**known, **params.model},
+        "train": params.train.model_dump(),
+    }
+    merged = merge_overrides(base, params.ablations[variant], where=f"ablations.{variant}")
+    try:
+        merged["train"] = TrainParams.model_validate(merged["train"]).model_dump()
+    except ValidationError as exc:
+        raise ParamsError(_error_line(exc, f"ablations.{variant}.train")) from exc
+    return merged

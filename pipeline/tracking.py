@@ -1,0 +1,134 @@
+"""MLflow mirroring that never blocks a stage.
+
+DVC's files (metrics JSON, curve CSVs) are the source of truth; MLflow mirrors them for browsing.
+So every MLflow call here is wrapped: the first failure (server unreachable, sqlite locked, ...)
+prints one warning and turns tracking off for the rest of the run, and the stage carries on.
+Metrics are buffered and sent in batches (`log_batch`), not one request per step.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default store, so a bare `mlflow ui` finds it
+# An unreachable tracking server must cost seconds, not minutes of retries.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"d_model": 64}} -> {"model.d_model": 64}."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def tracking_enabled() -> bool:
+    """ABLATION_LAB_TRACKING=0 turns MLflow off (the DVC files are complete without it)."""
+    return os.environ.get("ABLATION_LAB_TRACKING", "1").lower() not in ("0", "false", "off", "no")
+
+
+class Tracker:
+    """One MLflow run; every method is a no-op after the first MLflow failure."""
+
+    def __init__(self, enabled: bool = True, flush_every: int = 200):
+        self.enabled = enabled and tracking_enabled()
+        self.run_id: str | None = None
+        self._client = None
+        self._buffer: list = []
+        self._flush_every = flush_every
+
+    def _fail(self, what: str, exc: Exception) -> None:
+        print(f"warning: MLflow {what} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+              "tracking is off for this run, DVC files are complete", file=sys.stderr)
+        self.enabled = False
+
+    def start(self, experiment: str, run_name: str, tags: dict[str, str], run_id: str | None = None) -> None:
+        """Start a new run, or reopen `run_id` (the evaluate stage adds to the training run)."""
+        if not self.enabled:
+            return
+        try:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=tracking_uri())
+            if run_id is not None:
+                self._client.update_run(run_id, status="RUNNING")
+                self.run_id = run_id
+            else:
+                exp = self._client.get_experiment_by_name(experiment)
+                exp_id = exp.experiment_id if exp else self._client.create_experiment(experiment)
+                self.run_id = self._client.create_run(exp_id, run_name=run_name).info.run_id
+            for key, value in tags.items():
+                self._client.set_tag(self.run_id, key, str(value))
+        except Exception as exc:  # noqa: BLE001 - any MLflow failure must not stop training
+            self._fail("start", exc)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        if not self.enabled or self.run_id is None:
+            return
+        try:
+            from mlflow.entities import Param
+
+            items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+            for i in range(0, len(items), 100):
+                self._client.log_batch(self.run_id, params=items[i:i + 100])
+        except Exception as exc:  # noqa: BLE001
+            self._fail("log_params", exc)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if not self.enabled or self.run_id is None:
+            return
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), stamp, step) for k, v in metrics.items() if v is not None)
+        if len(self._buffer) >= self._flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.enabled or self.run_id is None or not self._buffer:
+            return
+        try:
+            for i in range(0, len(self._buffer), 500):
+                self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 500])
+        except Exception as exc:  # noqa: BLE001
+            self._fail("log_metrics", exc)
+        self._buffer = []
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if not self.enabled or self.run_id is None:
+            return
+        try:
+            self._client.log_artifact(self.run_id, str(path), artifact_path)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("log_artifact", exc)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.flush()
+        if not self.enabled or self.run_id is None:
+            return
+        try:
+            self._client.set_terminated(self.run_id, status=status)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("end", exc)

@@ -1,0 +1,128 @@
+"""Stage `train`: one variant (baseline or ablation) with one seed, to the shared token budget.
+
+    python -m pipeline.train --shards data/shards --variant no_positional --seed 0 \
+        --out data/runs/no_positional-0 --checkpoints data/checkpoints/no_positional-0
+
+Writes model.pt, train_curve.csv, val_curve.csv, config.json and train.json (the metrics) into
+--out as a whole. Checkpoints go to --checkpoints (a DVC `persist` output), so rerunning the stage
+after a crash, SIGKILL or Ctrl-C resumes where it stopped. Under `torchrun` the same command trains
+with DistributedDataParallel (see README).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline import trainer
+from pipeline.atomic import atomic_path
+from pipeline.batching import load_split, read_manifest
+from pipeline.checkpoint import config_hash
+from pipeline.device import peak_flops, resolve_device
+from pipeline.params import ParamsError, load_params, resolve_variant
+from pipeline.tracking import Tracker, git_revision
+
+
+def build(model_section: dict, manifest: dict):
+    from model import ModelConfig, build_model
+
+    try:
+        cfg = ModelConfig(**model_section, vocab_size=manifest["vocab_size"], pad_id=manifest["pad_id"],
+                          bos_id=manifest["bos_id"], eos_id=manifest["eos_id"])
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"model: {exc}") from exc
+    return cfg, build_model(cfg)
+
+
+def csv_text(header: list[str], rows: list[list]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def flops_per_token(counts: dict, cfg, mean_len: float) -> float:
+    """Training FLOPs per processed token: 6N (non-embedding weights) + attention scores and mixing."""
+    layers = cfg.n_encoder_layers + cfg.n_decoder_layers if cfg.arch == "encoder_decoder" else cfg.n_decoder_layers
+    return 6 * (counts["total"] - counts["embeddings"]) + 12 * layers * cfg.d_model * mean_len
+
+
+def run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
+        track: bool = True) -> dict:
+    manifest = read_manifest(shards)
+    cfg, model = build(resolved["model"], manifest)
+    tcfg = resolved["train"]
+    if tcfg["threads"]:
+        torch.set_num_threads(tcfg["threads"])
+    train_split = load_split(shards, manifest, "train")
+    data = trainer.Data(task=manifest["task"], train=train_split,
+                        val=load_split(shards, manifest, "validation", limit=tcfg["eval_examples"] * 64),
+                        ids={k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")},
+                        batch_tokens=tcfg["batch_tokens"], batch_size=tcfg["batch_size"],
+                        context=tcfg["context"], seed=seed)
+    run_hash = config_hash({"resolved": resolved, "seed": seed, "tokenizer": manifest["tokenizer_sha256"],
+                            "splits": manifest["splits"]})
+    tracker = Tracker(enabled=track)
+    tracker.start(experiment, f"{variant}-{seed}", {
+        "variant": variant, "seed": seed, "stage": "train", "git_revision": git_revision() or "unknown",
+        "tokenizer_sha256": manifest["tokenizer_sha256"], "data_hash": config_hash(manifest["splits"]),
+    })
+    tracker.log_params({**resolved, "seed": seed, "variant": variant})
+    try:
+        result = trainer.train(model, data, tcfg, ckpt_dir, run_hash, tracker=tracker)
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    counts = model.param_counts()
+    mean_len = tcfg["context"] if data.lm else sum(len(s) + len(t) + 1 for s, t in zip(
+        train_split.src, train_split.tgt)) / max(1, len(train_split.src))
+    peak, peak_source = peak_flops(resolve_device(tcfg["device"]))
+    achieved = flops_per_token(counts, cfg, mean_len) * result["processed_tokens_per_s"]
+    metrics = {
+        "variant": variant, "seed": seed, "params_total": counts["total"], "params_by_component": counts,
+        **{k: v for k, v in result.items() if not k.endswith("_rows")},
+        "achieved_flops_per_s": achieved, "peak_flops_per_s": peak, "peak_source": peak_source,
+        "mfu": achieved / peak if peak else None, "mlflow_run_id": tracker.run_id,
+    }
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        torch.save({"model_config": cfg.__dict__.copy(), "state_dict": model.state_dict()}, tmp / "model.pt")
+        (tmp / "train_curve.csv").write_text(csv_text(["step", "tokens", "train_loss", "lr"], result["train_rows"]))
+        (tmp / "val_curve.csv").write_text(csv_text(["step", "tokens", "val_loss"], result["val_rows"]))
+        (tmp / "config.json").write_text(json.dumps({"variant": variant, "seed": seed, **resolved}, indent=2) + "\n")
+        (tmp / "train.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    tracker.log_metrics({k: metrics[k] for k in ("tokens_per_s", "mfu", "padding_ratio") if metrics[k] is not None},
+                        result["steps"])
+    for name in ("config.json", "train_curve.csv", "val_curve.csv", "train.json"):
+        tracker.log_artifact(out / name)
+    tracker.end()
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--shards", required=True)
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--checkpoints", required=True)
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(args.params)
+        resolved = resolve_variant(params, args.variant)
+        metrics = run(Path(args.shards), args.variant, args.seed, resolved, params.report.experiment,
+                      Path(args.out), Path(args.checkpoints))
+    except (ParamsError, ValueError, OSError, trainer.NonFiniteLoss) as exc:
+        raise SystemExit(f"train: {exc}")
+    print(f"{args.variant}-{args.seed}: val_loss {metrics['val_loss']:.4f}, "
+          f"{metrics['tokens_trained']} target tokens in {metrics['wall_time_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The training loop shared by the baseline and every ablation.
+
+Fair budgets: the number of optimizer steps is fixed before training from the token budget by
+walking the (deterministic) batch plan, so every variant trained with a seed consumes the same
+batches and exactly the same number of target tokens. Per-step host syncs are avoided: losses are
+summed on the device and read only at logging, evaluation and checkpoint boundaries.
+"""
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline import checkpoint
+from pipeline.batching import Split, collate, lm_batches, lm_collate, lm_stream, seq2seq_batches
+from pipeline.device import autocast, resolve_device
+from pipeline.optim import make_optimizer, make_scheduler
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+@dataclass
+class Data:
+    """Training and validation data plus the batch plan, for either task."""
+    task: str
+    train: Split
+    val: Split
+    ids: dict  # pad_id, bos_id, eos_id
+    batch_tokens: int
+    batch_size: int
+    context: int
+    seed: int
+    _cache: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.lm = self.task == "language_modeling"
+        if self.lm:
+            self.train_stream = lm_stream(self.train, self.ids["eos_id"])
+            self.val_stream = lm_stream(self.val, self.ids["eos_id"])
+
+    def epoch(self, epoch: int) -> list[np.ndarray]:
+        if epoch not in self._cache:
+            self._cache = {epoch: (lm_batches(len(self.train_stream), self.context, self.batch_size, self.seed, epoch)
+                                   if self.lm else seq2seq_batches(self.train, self.batch_tokens, self.seed, epoch))}
+            if not self._cache[epoch]:
+                raise ValueError("training split too small for one batch (lower train.batch_size/context)")
+        return self._cache[epoch]
+
+    def batch(self, idx: np.ndarray, split: str = "train"):
+        if self.lm:
+            return lm_collate(self.train_stream if split == "train" else self.val_stream, idx, self.context)
+        return collate(self.train if split == "train" else self.val, idx, **self.ids)
+
+    def target_tokens(self, idx: np.ndarray) -> int:
+        if self.lm:
+            return len(idx) * self.context
+        return int(sum(len(self.train.tgt[i]) + 1 for i in idx))
+
+    def val_batches(self, max_examples: int) -> list[np.ndarray]:
+        """A fixed validation subset: the first `max_examples` examples (or windows), in order."""
+        if self.lm:
+            return lm_batches(len(self.val_stream), self.context, self.batch_size, 0, 0, shuffle=False)[
+                : max(1, max_examples // self.batch_size)] or [np.array([0])]
+        subset = Split(self.val.src[:max_examples], self.val.tgt[:max_examples])
+        return seq2seq_batches(subset, self.batch_tokens, 0, 0, shuffle=False)
+
+
+def plan_steps(data: Data, budget_tokens: int, budget_steps: int | None, grad_accum: int) -> tuple[int, int]:
+    """(optimizer steps, target tokens they consume) for the budget."""
+    batches = tokens = epoch = 0
+    while True:
+        for idx in data.epoch(epoch):
+            if budget_steps is not None and batches >= budget_steps * grad_accum:
+                return budget_steps, tokens
+            if budget_steps is None and tokens >= budget_tokens and batches % grad_accum == 0:
+                return batches // grad_accum, tokens
+            tokens += data.target_tokens(idx)
+            batches += 1
+        epoch += 1
+
+
+def evaluate_loss(model, data: Data, batches: list[np.ndarray], device, use_autocast: bool) -> float:
+    model.eval()
+    total = torch.zeros((), device=device, dtype=torch.float64)
+    count = 0
+    with torch.no_grad():
+        for idx in batches:
+            src, tgt_in, tgt_out = (t.to(device) if t is not None else None for t in data.batch(idx, "val"))
+            with autocast(device, use_autocast):
+                _, loss = model(src, tgt_in, tgt_out)
+            n = int((tgt_out != data.ids["pad_id"]).sum()) if not data.lm else tgt_out.numel()
+            total += loss.double() * n
+            count += n
+    model.train()
+    return float(total) / max(count, 1)
+
+
+def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=None, log=print) -> dict:
+    """Train `model` to the budget in `cfg` (the `train` section); return the final metrics."""
+    device = resolve_device(cfg["device"])
+    use_autocast = device.type == "cuda"  # bf16 on GPU; float32 on CPU
+    random.seed(data.seed)
+    np.random.seed(data.seed)
+    torch.manual_seed(data.seed)
+    model.to(device)
+    step_model = torch.compile(model) if cfg["compile"] and device.type == "cuda" else model
+    optimizer = make_optimizer(model, cfg["lr"], cfg["betas"], cfg["eps"], cfg["weight_decay"], device)
+    total_steps, budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"], cfg["grad_accum"])
+    scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"])
+    val_batches = data.val_batches(cfg["eval_examples"])
+    s = {"step": 0, "tokens": 0, "epoch": 0, "index": 0, "train_rows": [], "val_rows": [], "elapsed": 0.0,
+         "pad": [0, 0]}
+    resumed = checkpoint.load_latest(ckpt_dir, run_hash)
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        checkpoint.set_rng_state(resumed["rng"])
+        s = resumed["loop"]
+        log(f"resumed from step {s['step']} ({ckpt_dir})")
+    log(f"training {total_steps} steps, {budget_tokens} target tokens, on {device}")
+    loss_sum = torch.tensor(s.get("loss_acc", [0.0, 0])[0], device=device)
+    loss_tokens, window_start, started = s.get("loss_acc", [0.0, 0])[1], s["step"], time.perf_counter() - s["elapsed"]
+    bad_step = torch.full((), -1, device=device, dtype=torch.long)
+    bar = _progress(total_steps, s["step"])
+    model.train()
+    while s["step"] < total_steps:
+        group = []
+        for _ in range(cfg["grad_accum"]):
+            batches = data.epoch(s["epoch"])
+            group.append(batches[s["index"]])
+            s["index"] += 1
+            if s["index"] == len(batches):
+                s["epoch"], s["index"] = s["epoch"] + 1, 0
+        group_tokens = sum(data.target_tokens(idx) for idx in group)
+        for idx in group:
+            batch = data.batch(idx)
+            # Padding is counted on the host copy, so it costs no device sync.
+            s["pad"][0] += sum(int((t == data.ids["pad_id"]).sum()) for t in batch[:2] if t is not None)
+            s["pad"][1] += sum(t.numel() for t in batch[:2] if t is not None)
+            src, tgt_in, tgt_out = (_to_device(t, device) for t in batch)
+            n = data.target_tokens(idx)
+            with autocast(device, use_autocast):
+                _, loss = step_model(src, tgt_in, tgt_out)
+            (loss * (n / group_tokens)).backward()
+            loss_sum += loss.detach().float() * n
+            bad_step = torch.where(~torch.isfinite(loss.detach()) & (bad_step < 0),
+                                   torch.tensor(s["step"] + 1, device=device), bad_step)
+        if cfg["clip_grad_norm"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad_norm"])
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        s["step"] += 1
+        s["tokens"] += group_tokens
+        loss_tokens += group_tokens
+        last = s["step"] == total_steps
+        if s["step"] % cfg["log_every"] == 0 or last:
+            _check_finite(bad_step)
+            train_loss = float(loss_sum) / max(loss_tokens, 1)
+            lr = scheduler.get_last_lr()[0]
+            s["train_rows"].append([s["step"], s["tokens"], train_loss, lr])
+            elapsed = time.perf_counter() - started
+            tps = s["tokens"] / max(elapsed, 1e-9)
+            if tracker:
+                tracker.log_metrics({"train_loss": train_loss, "lr": lr, "tokens": s["tokens"],
+                                     "tokens_per_s": tps}, s["step"])
+            _report(bar, log, s["step"], total_steps, train_loss, lr, tps, s["step"] - window_start)
+            window_start = s["step"]
+            loss_sum.zero_()
+            loss_tokens = 0
+        if s["step"] % cfg["eval_every"] == 0 or last:
+            val_loss = evaluate_loss(step_model, data, val_batches, device, use_autocast)
+            s["val_rows"].append([s["step"], s["tokens"], val_loss])
+            if tracker:
+                tracker.log_metrics({"val_loss": val_loss}, s["step"])
+        if s["step"] % cfg["checkpoint_every"] == 0 and not last:
+            _check_finite(bad_step)
+            s["elapsed"] = time.perf_counter() - started
+            s["loss_acc"] = [float(loss_sum), loss_tokens]  # a resumed run's next log row must match
+            checkpoint.save(ckpt_dir, s["step"], {
+                "config_hash": run_hash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": checkpoint.rng_state(), "loop": s,
+            }, cfg["keep_checkpoints"])
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - started
+    return {
+        "steps": s["step"], "tokens_trained": s["tokens"], "budget_tokens": budget_tokens,
+        "train_loss": s["train_rows"][-1][2] if s["train_rows"] else None,
+        "val_loss": s["val_rows"][-1][2] if s["val_rows"] else None,
+        "wall_time_s": wall, "tokens_per_s": s["tokens"] / max(wall, 1e-9),
+        "padding_ratio": s["pad"][0] / s["pad"][1] if s["pad"][1] else 0.0,
+        "processed_tokens_per_s": (s["pad"][1] - s["pad"][0]) / max(wall, 1e-9),  # source + target, no pad
+        "device": str(device), "resumed": resumed is not None,
+        "train_rows": s["train_rows"], "val_rows": s["val_rows"],
+    }
+
+
+def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
+def _check_finite(bad_step: torch.Tensor) -> None:
+    step = int(bad_step)
+    if step >= 0:
+        raise NonFiniteLoss(f"non-finite loss at step {step}; the last good checkpoint is kept")
+
+
+def _progress(total: int, initial: int):
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+
+def _report(bar, log, step, total, loss, lr, tps, advanced) -> None:
+    if bar is not None:
+        bar.update(advanced)
+        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+    else:
+        log(f"step {step}/{total} loss {loss:.4f} lr {lr:.2e} tokens/s {tps:,.0f}")

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One command for each job, on a fresh machine with Python 3.11, git and pip:
+#   bash run.sh          set up .venv, then run the whole pipeline (`dvc repro`, offline)
+#   bash run.sh test     set up .venv, then run the full CPU test suite
+#   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+python=${PYTHON:-$(command -v python3.11 || command -v python3)}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+# Reinstall only when the pinned requirements change.
+stamp=$(cat requirements.txt constraints.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv/.installed 2>/dev/null)" != "$stamp" ]; then
+  .venv/bin/python -m pip install --disable-pip-version-check -q -r requirements.txt -c constraints.txt
+  echo "$stamp" > .venv/.installed
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+
+case "${1:-repro}" in
+  repro) shift || true; dvc repro "$@" ;;
+  test) shift; python -m pytest "$@" ;;
+  bench) python -m benchmarks.model_speed && python -m benchmarks.train_loop ;;
+  *) echo "usage: bash run.sh [repro|test|bench] [args...]" >&2; exit 2 ;;
+esac

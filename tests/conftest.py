@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny versions of the real pipeline's data, made on the fly in tmp dirs."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.download import write_synthetic
+from pipeline.encode import encode
+from pipeline.filter import filter_splits, read_raw
+from pipeline.params import FilterParams, TrainBpeParams
+from pipeline.train_bpe import train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory) -> Path:
+    """raw -> filtered -> tokenizer -> shards for 300 synthetic examples (built once per session)."""
+    base = tmp_path_factory.mktemp("tiny")
+    write_synthetic(base / "raw", n_examples=300, seed=7)
+    kept, _ = filter_splits(read_raw(base / "raw"), FilterParams(max_source_tokens=100, max_target_tokens=40))
+    (base / "filtered").mkdir()
+    for split, frame in kept.items():
+        frame.to_parquet(base / "filtered" / f"{split}.parquet", index=False)
+    shutil.copy(base / "raw" / "meta.json", base / "filtered" / "meta.json")
+    train_tokenizer(base / "filtered" / "train.parquet", base / "tokenizer", TrainBpeParams(vocab_size=150))
+    encode(base / "filtered", base / "tokenizer", base / "shards", shard_examples=100)
+    return base

@@ -1,0 +1,80 @@
+"""download (synthetic) -> filter -> train_bpe -> encode, each on tiny data."""
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import sentencepiece as spm
+
+from pipeline.filter import count_tokens, filter_splits
+from pipeline.params import FilterParams
+from pipeline.sources.synthetic import generate
+
+
+def test_synthetic_is_deterministic_and_seeded():
+    a, b, c = generate(50, 1), generate(50, 1), generate(50, 2)
+    assert a.equals(b)
+    assert not a.equals(c)
+
+
+def test_synthetic_summary_copies_facts_in_article_order():
+    for source, target in generate(200, 3).itertuples(index=False):
+        facts = [f.strip() for f in target.rstrip(" .").split(";")]
+        position = -1
+        for fact in facts:
+            name, verb, num, obj = fact.split()
+            # The fact's words appear in one article sentence, after the previous fact's sentence.
+            match = re.search(rf"{name} {verb} {num} {obj}", source[position + 1:])
+            assert match, (fact, source)
+            position += 1 + match.start()
+
+
+def test_synthetic_lengths_vary_beyond_the_default_filter():
+    lengths = generate(500, 0).source.map(count_tokens)
+    assert lengths.min() < 40 and lengths.max() > 128
+
+
+def test_filter_drops_long_examples_and_carves_splits():
+    raw = {"train": pd.DataFrame({"source": ["a b c"] * 80 + ["word " * 50] * 20, "target": ["x y"] * 100})}
+    kept, stats = filter_splits(raw, FilterParams(max_source_tokens=10, val_fraction=0.1, test_fraction=0.2))
+    assert stats["splits"]["train"]["dropped"] == 20
+    assert len(kept["validation"]) == 8 and len(kept["test"]) == 16 and len(kept["train"]) == 56
+    assert all(count_tokens(s) <= 10 for split in kept.values() for s in split.source)
+    assert stats["source_len_percentiles"]["max"] == 50
+
+
+def test_filter_subsample_is_seeded():
+    raw = {"train": pd.DataFrame({"source": [f"s {i}" for i in range(1000)], "target": ["t"] * 1000})}
+    a, _ = filter_splits(raw, FilterParams(subsample=0.5, seed=1))
+    b, _ = filter_splits(raw, FilterParams(subsample=0.5, seed=1))
+    assert a["train"].equals(b["train"])
+    assert 350 < sum(len(f) for f in a.values()) < 650
+
+
+def test_filter_errors_when_a_split_ends_empty():
+    raw = {"train": pd.DataFrame({"source": ["word " * 50] * 10, "target": ["t"] * 10})}
+    with pytest.raises(ValueError, match="empty after filtering"):
+        filter_splits(raw, FilterParams(max_source_tokens=5))
+
+
+def test_tokenizer_has_the_configured_special_ids(tiny_shards):
+    sp = spm.SentencePieceProcessor(model_file=str(tiny_shards / "tokenizer" / "spm.model"))
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
+    assert sp.get_piece_size() == 150
+    text = "Kavor sold 12 lamps in Orlen ."
+    assert sp.decode(sp.encode(text)) == text
+
+
+def test_encode_shards_roundtrip_and_manifest(tiny_shards):
+    manifest = json.loads((tiny_shards / "shards" / "manifest.json").read_text())
+    sp = spm.SentencePieceProcessor(model_file=str(tiny_shards / "tokenizer" / "spm.model"))
+    filtered = pd.read_parquet(tiny_shards / "filtered" / "train.parquet")
+    files = manifest["splits"]["train"]["files"]
+    assert len(files) == -(-len(filtered) // 100)  # 100 rows per shard
+    table = pq.read_table([tiny_shards / "shards" / f for f in files][0])
+    assert sp.decode(table.column("src_ids")[0].as_py()) == filtered.source[0]
+    assert manifest["splits"]["train"]["examples"] == len(filtered)
+    assert manifest["vocab_size"] == 150 and len(manifest["tokenizer_sha256"]) == 64

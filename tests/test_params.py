@@ -1,0 +1,70 @@
+"""params.yaml validation and the ablation merge."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.params import ParamsError, load_params, merge_overrides, resolve_variant
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_merge_overrides_is_recursive_and_leaves_base_untouched():
+    base = {"model": {"d_model": 64, "n_heads": 4}, "train": {"lr": 1e-3}}
+    merged = merge_overrides(base, {"model": {"n_heads": 1}})
+    assert merged == {"model": {"d_model": 64, "n_heads": 1}, "train": {"lr": 1e-3}}
+    assert base["model"]["n_heads"] == 4
+
+
+def test_merge_overrides_rejects_unknown_key_with_its_path():
+    with pytest.raises(ParamsError, match=r"'ablations.x.model.n_head'"):
+        merge_overrides({"model": {"n_heads": 4}}, {"model": {"n_head": 1}}, where="ablations.x")
+
+
+def test_default_params_resolve_every_variant():
+    params = load_params(ROOT / "params.yaml")
+    assert "baseline" in params.ablations and len(params.seeds) >= 3
+    base = resolve_variant(params, "baseline")
+    for name in params.ablations:
+        variant = resolve_variant(params, name)
+        assert variant["train"] == base["train"]  # default ablations change the model only
+        assert set(variant["model"]) == set(base["model"])
+    assert resolve_variant(params, "no_positional")["model"]["positional"] == "none"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, where", [
+    ("filter:\n  max_source_tokenz: 3\n", "filter.max_source_tokenz"),
+    ("train:\n  lr: -1\n", "train.lr"),
+    ("train:\n  schedule: wavy\n", "train.schedule"),
+    ("ablations:\n  x: {optim: {lr: 1}}\n", "ablations.x"),
+])
+def test_bad_params_name_the_key(tmp_path, text, where):
+    with pytest.raises(ParamsError) as err:
+        load_params(write(tmp_path, text))
+    assert where in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_model_key_is_rejected_when_resolving(tmp_path):
+    params = load_params(write(tmp_path, "model:\n  d_modle: 3\n"))
+    with pytest.raises(ParamsError, match="d_modle"):
+        resolve_variant(params, "baseline")
+
+
+def test_unknown_variant_and_bad_ablation_value(tmp_path):
+    params = load_params(write(tmp_path, "ablations:\n  baseline: {}\n  fast: {train: {lr: 0}}\n"))
+    with pytest.raises(ParamsError, match="no variant named 'nope'"):
+        resolve_variant(params, "nope")
+    with pytest.raises(ParamsError, match=r"ablations.fast.train: lr"):
+        resolve_variant(params, "fast")
+
+
+def test_unreadable_params_file(tmp_path):
+    with pytest.raises(ParamsError, match="cannot read"):
+        load_params(tmp_path / "missing.yaml")
