@@ -9,18 +9,13 @@ whole or not at all.
 from __future__ import annotations
 
 import argparse
-import os
+import logging
 from pathlib import Path
 
 from pipeline.atomic import atomic_path, atomic_write_json
+from pipeline.fetch import default_cache_dir
 from pipeline.params import ParamsError, load_params
 from pipeline.sources import synthetic
-
-
-def default_cache_dir(configured: str | None) -> Path:
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("ABLATION_LAB_CACHE", Path.home() / ".cache" / "ablation-lab"))
 
 
 def write_synthetic(out_dir: Path, n_examples: int, seed: int) -> None:
@@ -37,13 +32,10 @@ def download(source: str, options: dict, cache_dir: Path, out: Path) -> None:
         if source == "synthetic":
             write_synthetic(tmp, options["n_examples"], options["seed"])
             return
-        from pipeline.sources import SOURCES  # real sources: imported only when used
+        from pipeline.sources import get_source  # real sources: imported only when used
 
-        if source not in SOURCES:
-            known = ", ".join(["synthetic", *sorted(SOURCES)])
-            raise ParamsError(f"data.source: unknown source {source!r} (known: {known})")
         tmp.mkdir(parents=True)
-        SOURCES[source].fetch(options, cache_dir, tmp)
+        get_source(source).fetch(options, cache_dir, tmp)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,11 +43,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # "downloading ... / using cached ..."
     try:
         params = load_params(args.params)
         data = params.data
         options = data.synthetic.model_dump() if data.source == "synthetic" else dict(data.model_extra or {}).get(data.source, {})
-        download(data.source, options, default_cache_dir(data.cache_dir), Path(args.out))
+        cache = Path(data.cache_dir).expanduser() if data.cache_dir else default_cache_dir()
+        download(data.source, options, cache, Path(args.out))
     except (ParamsError, ValueError, OSError) as exc:
         raise SystemExit(f"download: {exc}")
 

@@ -4,8 +4,20 @@
         --run data/runs/baseline-0 --out data/eval/baseline-0
 
 Task metrics come from the reference libraries: ROUGE-1/2/L F1 (rouge-score) for summarization,
-BLEU and chrF (sacrebleu) for translation, bits per token/character for language modelling.
+BLEU and chrF (sacrebleu) for translation. Language modelling reports bits per token, character
+and UTF-8 byte of the test text, and sampled continuations of the first test documents.
 Results are added to the variant's MLflow run from the train stage.
+
+Language modelling, how it is measured:
+- Loss: every token of every document and each document's closing eos is predicted once, in
+  non-overlapping windows of the training context over [eos, doc 1, eos, doc 2, eos, ...]: the
+  stream the model was trained on, with a leading eos so the first document is scored too.
+- bits_per_char = total test nats / ln 2 / characters of the decoded test text (each document
+  decoded by the tokenizer, plus one character for the separator its eos stands for);
+  bits_per_byte likewise over UTF-8 bytes. Unlike bits per token they compare across tokenizers.
+- Continuations: the first `PROMPT_TOKENS` (at most context / 2) tokens of the first test documents are fed causally
+  (as in training: no bos, which the LM stream never contains) and continued with the evaluate
+  settings (greedy or sample); reference = the document's true continuation.
 """
 from __future__ import annotations
 
@@ -14,44 +26,52 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 import torch
+import torch.nn.functional as F
 
 from pipeline import trainer
 from pipeline.atomic import atomic_path
-from pipeline.batching import collate, load_split, read_manifest
+from pipeline.batching import Split, collate, load_split, read_manifest
+from pipeline.device import resolve_device
 from pipeline.params import EvaluateParams, ParamsError, load_params
 from pipeline.tracking import Tracker
 
+PROMPT_TOKENS = 32  # LM continuations: tokens of each test document given as the prompt (at most context / 2)
+ATTENTION_TOKENS = 64  # LM attention map: the first tokens of a validation document
 
-def load_model(run_dir: Path):
+
+def load_model(run_dir: Path, device: torch.device):
     from model import ModelConfig, build_model
 
     state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
     model = build_model(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["state_dict"])
-    return model.eval()
+    return model.to(device).eval()
 
 
 def split_loss(model, shards: Path, manifest: dict, split: str, batch_tokens: int, context: int,
-               batch_size: int) -> float:
+               batch_size: int, device: torch.device) -> float:
     data = trainer.Data(task=manifest["task"], train=load_split(shards, manifest, "train", limit=1),
                         val=load_split(shards, manifest, split),
                         ids={k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")},
                         batch_tokens=batch_tokens, batch_size=batch_size, context=context, seed=0)
-    return trainer.evaluate_loss(model, data, data.val_batches(10 ** 9), torch.device("cpu"), False)
+    return trainer.evaluate_loss(model, data, data.val_batches(10 ** 9), device, False)
 
 
-def decode(model, split, ids: dict, cfg: EvaluateParams, sp) -> tuple[list[str], list[str], list[str]]:
+def decode(model, split, ids: dict, cfg: EvaluateParams, sp, device: torch.device
+           ) -> tuple[list[str], list[str], list[str]]:
     n = min(cfg.max_examples, len(split.src))
     sources, references, predictions = [], [], []
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device).manual_seed(0)
     for start in range(0, n, cfg.batch_size):
         idx = list(range(start, min(n, start + cfg.batch_size)))
         src, _, _ = collate(split, idx, **ids)
-        out = model.generate(src, max_new_tokens=cfg.max_new_tokens, strategy=cfg.decode, beam_size=cfg.beam_size,
-                             length_penalty=cfg.length_penalty, temperature=cfg.temperature, top_k=cfg.top_k,
-                             top_p=cfg.top_p, generator=generator)
+        out = model.generate(src.to(device), max_new_tokens=cfg.max_new_tokens, strategy=cfg.decode,
+                             beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
+                             temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                             generator=generator)
         for i, tokens in zip(idx, out):
             sources.append(sp.decode(split.src[i].tolist()))
             references.append(sp.decode(split.tgt[i].tolist()))
@@ -69,42 +89,156 @@ def task_metrics(task: str, references: list[str], predictions: list[str]) -> di
     if task == "translation":
         import sacrebleu
 
+        # Detokenized text against one reference each, sacrebleu's defaults (13a, chrF n=6 beta=2).
         return {"bleu": sacrebleu.corpus_bleu(predictions, [references]).score,
                 "chrf": sacrebleu.corpus_chrf(predictions, [references]).score}
     return {}
 
 
-def attention_example(model, split, ids: dict, sp) -> dict:
+def attention_example(model, split, ids: dict, sp, device: torch.device) -> dict:
     src, tgt_in, _ = collate(split, [0], **ids)
-    with torch.no_grad():
-        maps = model.attention_maps(src, tgt_in)
+    maps = model.attention_maps(src.to(device), tgt_in.to(device))
     return {"src_tokens": [sp.id_to_piece(int(t)) for t in split.src[0]],
             "tgt_tokens": ["<s>"] + [sp.id_to_piece(int(t)) for t in split.tgt[0]],
             "maps": {name: m.float().tolist() for name, m in maps.items()}}
 
 
+# -- language modelling ------------------------------------------------------------------------
+def lm_stream(docs: list[np.ndarray], eos_id: int) -> np.ndarray:
+    """[eos, doc 1, eos, doc 2, eos, ...]: the training stream, plus a leading eos."""
+    parts = [np.array([eos_id])] + [np.append(d.astype(np.int64), eos_id) for d in docs]
+    return np.concatenate(parts).astype(np.int64)
+
+
+@torch.no_grad()
+def lm_nats(model, docs: list[np.ndarray], eos_id: int, context: int, batch_size: int,
+            device: torch.device) -> tuple[float, int]:
+    """(summed next-token loss in nats, tokens predicted) over every token after the leading eos."""
+    stream = torch.from_numpy(lm_stream(docs, eos_id))
+    n_pred = len(stream) - 1
+    starts = list(range(0, n_pred, context))
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for i in range(0, len(starts), batch_size):
+        rows = starts[i:i + batch_size]
+        inp = torch.full((len(rows), context), eos_id, dtype=torch.long)
+        out = torch.full((len(rows), context), -100, dtype=torch.long)  # -100: not scored
+        for r, s in enumerate(rows):
+            piece = stream[s:s + context + 1]
+            inp[r, :len(piece) - 1], out[r, :len(piece) - 1] = piece[:-1], piece[1:]
+        logits, _ = model(None, inp.to(device))
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), out.flatten().to(device), reduction="sum")
+        total += nll.double()
+    return float(total), n_pred
+
+
+def lm_metrics(model, val: Split, test: Split, sp, eos_id: int, context: int, batch_size: int,
+               device: torch.device) -> dict:
+    metrics = {}
+    for split, name in ((val, "val"), (test, "test")):
+        nats, n = lm_nats(model, split.tgt, eos_id, context, batch_size, device)
+        metrics[f"{name}_loss"] = nats / max(n, 1)
+        metrics[f"{name}_ppl"] = math.exp(min(metrics[f"{name}_loss"], 50))
+    # `nats` is the test split's now
+    texts = [sp.decode(d.tolist()) + "\n" for d in test.tgt]  # "\n": the separator eos predicts
+    metrics["bits_per_char"] = nats / math.log(2) / max(1, sum(map(len, texts)))
+    metrics["bits_per_byte"] = nats / math.log(2) / max(1, sum(len(t.encode("utf-8")) for t in texts))
+    return metrics
+
+
+def pick_next(cfg: EvaluateParams, generator: torch.Generator):
+    """logits (B, V) -> next tokens (B,): argmax, or a draw with temperature / top-k / top-p."""
+    if cfg.decode == "beam":
+        raise ValueError("evaluate.decode: beam is not supported for language-model continuations "
+                         "(use greedy or sample)")
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        if cfg.decode == "greedy":
+            return logits.argmax(-1)
+        logits = logits.float() / cfg.temperature
+        if 0 < cfg.top_k < logits.shape[-1]:
+            logits = logits.masked_fill(logits < logits.topk(cfg.top_k, -1).values[:, -1:], float("-inf"))
+        if cfg.top_p < 1.0:
+            sorted_logits, order = logits.sort(-1, descending=True)
+            probs = sorted_logits.softmax(-1)
+            drop = probs.cumsum(-1) - probs >= cfg.top_p  # keep the smallest set reaching top_p
+            logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+        return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+
+    return pick
+
+
+@torch.no_grad()
+def continue_prompts(model, prompts: torch.Tensor, max_new_tokens: int, pick, eos_id: int) -> list[list[int]]:
+    """Feed prompts (B, P) one token at a time (causally, as in training; prefix_lm's bidirectional
+    prefix would be a context it never trained on), then extend each row until eos."""
+    state = model.start_decoding(prompts[:, :0])  # no source: the prompt is the decoder's history
+    for t in range(prompts.shape[1]):
+        logits = model.decode_step(state, prompts[:, t])
+    finished = torch.zeros(prompts.shape[0], dtype=torch.bool, device=prompts.device)
+    out = []
+    for step in range(max_new_tokens):
+        token = pick(logits).masked_fill(finished, eos_id)
+        out.append(token)
+        finished |= token == eos_id
+        if finished.all() or step == max_new_tokens - 1:
+            break
+        logits = model.decode_step(state, token)
+    rows = torch.stack(out, 1).tolist() if out else [[] for _ in range(prompts.shape[0])]
+    return [row[:row.index(eos_id)] if eos_id in row else row for row in rows]
+
+
+def lm_samples(model, test: Split, sp, cfg: EvaluateParams, eos_id: int, context: int,
+               device: torch.device) -> list[dict]:
+    """Continuations of the first test documents longer than the prompt; prompt + continuation
+    stays within the training context (positions beyond it were never trained)."""
+    p = min(PROMPT_TOKENS, context // 2)  # short contexts (tests) still leave room to continue
+    docs = [d for d in test.tgt if len(d) > p][:cfg.n_samples]
+    # Fed: eos + prompt + all but the last new token, so p + n_new positions in all.
+    n_new = min(cfg.max_new_tokens, context - p, model.cfg.max_len - p)
+    if not docs or n_new < 1:
+        return []
+    prompts = torch.tensor(np.stack([lm_stream([d[:p]], eos_id)[:-1] for d in docs]), device=device)
+    generator = torch.Generator(device).manual_seed(0)
+    outputs = continue_prompts(model, prompts, n_new, pick_next(cfg, generator), eos_id)
+    return [{"source": sp.decode(d[:p].tolist()), "reference": sp.decode(d[p:p + n_new].tolist()),
+             "prediction": sp.decode(out)} for d, out in zip(docs, outputs)]
+
+
+def lm_attention(model, val: Split, sp, eos_id: int, context: int, device: torch.device) -> dict:
+    """decoder.self of the first window of the validation stream (starting at its leading eos)."""
+    window = lm_stream(val.tgt[:1], eos_id)[:min(context, ATTENTION_TOKENS)]
+    maps = model.attention_maps(None, torch.from_numpy(window)[None].to(device))
+    return {"src_tokens": [], "tgt_tokens": [sp.id_to_piece(int(t)) for t in window],
+            "maps": {name: m.float().tolist() for name, m in maps.items()}}
+
+
 def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: EvaluateParams, batch_tokens: int,
-             context: int, batch_size: int) -> dict:
+             context: int, batch_size: int, device: torch.device = torch.device("cpu")) -> dict:
     manifest = read_manifest(shards)
     info = json.loads((run_dir / "train.json").read_text())
-    model = load_model(run_dir)
+    model = load_model(run_dir, device)
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer / "spm.model"))
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
     task = manifest["task"]
     metrics = {"variant": info["variant"], "seed": info["seed"], "task": task}
-    for split, name in (("validation", "val"), ("test", "test")):
-        loss = split_loss(model, shards, manifest, split, batch_tokens, context, batch_size)
-        metrics[f"{name}_loss"], metrics[f"{name}_ppl"] = loss, math.exp(min(loss, 50))
-    metrics["bits_per_token"] = metrics["test_loss"] / math.log(2)
     test = load_split(shards, manifest, "test")
-    samples, attention = [], None
-    if task != "language_modeling":
-        sources, references, predictions = decode(model, test, ids, cfg, sp)
+    if task == "language_modeling":
+        eos, val = ids["eos_id"], load_split(shards, manifest, "validation")
+        metrics.update(lm_metrics(model, val, test, sp, eos, context, batch_size, device))
+        samples = lm_samples(model, test, sp, cfg, eos, context, device)
+        attention = lm_attention(model, val, sp, eos, context, device)
+        metrics["n_decoded"] = len(samples)
+    else:
+        for split, name in (("validation", "val"), ("test", "test")):
+            loss = split_loss(model, shards, manifest, split, batch_tokens, context, batch_size, device)
+            metrics[f"{name}_loss"], metrics[f"{name}_ppl"] = loss, math.exp(min(loss, 50))
+        sources, references, predictions = decode(model, test, ids, cfg, sp, device)
         metrics.update(task_metrics(task, references, predictions))
         metrics["n_decoded"] = len(predictions)
         samples = [{"source": s, "reference": r, "prediction": p}
                    for s, r, p in list(zip(sources, references, predictions))[:cfg.n_samples]]
-        attention = attention_example(model, load_split(shards, manifest, "validation", limit=1), ids, sp)
+        attention = attention_example(model, load_split(shards, manifest, "validation", limit=1), ids, sp, device)
+    metrics["bits_per_token"] = metrics["test_loss"] / math.log(2)
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         (tmp / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -123,10 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         params = load_params(args.params)
-        t = params.train
-        torch.set_num_threads(t.threads or torch.get_num_threads())
+        # Batch shapes come from the variant's own resolved training settings (written by train).
+        t = json.loads((Path(args.run) / "config.json").read_text())["train"]
+        torch.set_num_threads(t["threads"] or torch.get_num_threads())
         metrics = evaluate(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
-                           params.evaluate, t.batch_tokens, t.context, t.batch_size)
+                           params.evaluate, t["batch_tokens"], t["context"], t["batch_size"],
+                           resolve_device(t["device"]))
     except (ParamsError, ValueError, OSError, KeyError) as exc:
         raise SystemExit(f"evaluate: {exc}")
     if metrics["mlflow_run_id"]:

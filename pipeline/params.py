@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class ParamsError(ValueError):
@@ -118,15 +118,6 @@ class Params(Section):
     seeds: list[int] = Field([0], min_length=1)
     ablations: dict[str, dict[str, Any]] = {"baseline": {}}
 
-    @field_validator("ablations")
-    @classmethod
-    def _ablation_sections(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        for name, overrides in value.items():
-            for section in overrides or {}:
-                if section not in ABLATABLE:
-                    raise ValueError(f"{name}: unknown section {section!r} (allowed: model, train)")
-        return value
-
 
 ABLATABLE = ("model", "train")
 # ModelConfig fields that come from the tokenizer, not from params.yaml.
@@ -165,9 +156,14 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping at the top level")
     try:
-        return Params.model_validate(raw)
+        params = Params.model_validate(raw)
     except ValidationError as exc:
         raise ParamsError(_error_line(exc, str(path))) from exc
+    for name, overrides in params.ablations.items():
+        for section in overrides or {}:
+            if section not in ABLATABLE:
+                raise ParamsError(f"{path}: ablations.{name}.{section}: unknown section (allowed: model, train)")
+    return params
 
 
 def merge_overrides(base: dict[str, Any], overrides: dict[str, Any], where: str = "") -> dict[str, Any]:

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default store, so a bare `mlflow ui` finds it
-# An unreachable tracking server must cost seconds, not minutes of retries.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+# An unreachable or stalled tracking server must cost seconds, not minutes of retries: at most
+# (retries + 1) x timeout, once per stage, after which tracking is off for the run. (MLflow's
+# defaults are 7 retries with exponential backoff and a 120 s timeout.) A locked sqlite store
+# waits MLflow's fixed 20 s busy timeout, once, which lets concurrent writers take turns.
+HTTP_RETRIES, HTTP_TIMEOUT_S = 1, 5
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
 
 
 def tracking_uri() -> str:
@@ -99,10 +103,14 @@ class Tracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if not self.enabled or self.run_id is None:
             return
-        from mlflow.entities import Metric
+        try:
+            from mlflow.entities import Metric
 
-        stamp = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), stamp, step) for k, v in metrics.items() if v is not None)
+            stamp = int(time.time() * 1000)
+            self._buffer.extend(Metric(k, float(v), stamp, step) for k, v in metrics.items() if v is not None)
+        except Exception as exc:  # noqa: BLE001 - a bad value must not stop training either
+            self._fail("log_metrics", exc)
+            return
         if len(self._buffer) >= self._flush_every:
             self.flush()
 

@@ -14,15 +14,16 @@ import argparse
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import torch
 
 from pipeline import trainer
 from pipeline.atomic import atomic_path
-from pipeline.batching import load_split, read_manifest
+from pipeline.batching import lm_token_file, load_split, read_manifest
 from pipeline.checkpoint import config_hash
-from pipeline.device import peak_flops, resolve_device
+from pipeline.device import join_cluster, leave_cluster, peak_flops, resolve_device
 from pipeline.params import ParamsError, load_params, resolve_variant
 from pipeline.tracking import Tracker, git_revision
 
@@ -54,41 +55,65 @@ def flops_per_token(counts: dict, cfg, mean_len: float) -> float:
 
 def run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
         track: bool = True) -> dict:
+    """Train one variant and write its outputs; under torchrun every rank calls this, rank 0 writes."""
+    cluster = join_cluster(resolved["train"]["device"])
+    try:
+        return _run(shards, variant, seed, resolved, experiment, out, ckpt_dir, track, cluster)
+    finally:
+        leave_cluster()
+
+
+def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
+         track: bool, cluster) -> dict:
     manifest = read_manifest(shards)
+    torch.manual_seed(seed)  # the initial weights are part of what the seed decides
     cfg, model = build(resolved["model"], manifest)
     tcfg = resolved["train"]
     if tcfg["threads"]:
         torch.set_num_threads(tcfg["threads"])
-    train_split = load_split(shards, manifest, "train")
-    data = trainer.Data(task=manifest["task"], train=train_split,
-                        val=load_split(shards, manifest, "validation", limit=tcfg["eval_examples"] * 64),
-                        ids={k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")},
-                        batch_tokens=tcfg["batch_tokens"], batch_size=tcfg["batch_size"],
-                        context=tcfg["context"], seed=seed)
-    run_hash = config_hash({"resolved": resolved, "seed": seed, "tokenizer": manifest["tokenizer_sha256"],
-                            "splits": manifest["splits"]})
-    tracker = Tracker(enabled=track)
+    ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
+    if manifest["task"] == "language_modeling":
+        # Memory-mapped token files, shared by every run next to the checkpoints (see batching).
+        cache = ckpt_dir.parent / ".token-cache"
+        train_split = None
+        data = trainer.Data(task=manifest["task"], train=None, val=None, ids=ids, batch_tokens=tcfg["batch_tokens"],
+                            batch_size=tcfg["batch_size"], context=tcfg["context"], seed=seed,
+                            train_stream=lm_token_file(shards, manifest, "train", cache),
+                            val_stream=lm_token_file(shards, manifest, "validation", cache))
+    else:
+        train_split = load_split(shards, manifest, "train")
+        data = trainer.Data(task=manifest["task"], train=train_split,
+                            val=load_split(shards, manifest, "validation", limit=tcfg["eval_examples"] * 64),
+                            ids=ids, batch_tokens=tcfg["batch_tokens"], batch_size=tcfg["batch_size"],
+                            context=tcfg["context"], seed=seed)
+    key = {"resolved": resolved, "seed": seed, "tokenizer": manifest["tokenizer_sha256"], "splits": manifest["splits"]}
+    if cluster.world > 1:
+        key["world_size"] = cluster.world  # the plan per step depends on it; single-process hashes unchanged
+    run_hash = config_hash(key)
+    tracker = Tracker(enabled=track and cluster.main)  # rank 0 alone mirrors to MLflow
     tracker.start(experiment, f"{variant}-{seed}", {
         "variant": variant, "seed": seed, "stage": "train", "git_revision": git_revision() or "unknown",
         "tokenizer_sha256": manifest["tokenizer_sha256"], "data_hash": config_hash(manifest["splits"]),
     })
     tracker.log_params({**resolved, "seed": seed, "variant": variant})
     try:
-        result = trainer.train(model, data, tcfg, ckpt_dir, run_hash, tracker=tracker)
+        result = trainer.train(model, data, tcfg, ckpt_dir, run_hash, tracker=tracker, cluster=cluster)
     except BaseException:
         tracker.end("FAILED")
         raise
     counts = model.param_counts()
     mean_len = tcfg["context"] if data.lm else sum(len(s) + len(t) + 1 for s, t in zip(
         train_split.src, train_split.tgt)) / max(1, len(train_split.src))
-    peak, peak_source = peak_flops(resolve_device(tcfg["device"]))
-    achieved = flops_per_token(counts, cfg, mean_len) * result["processed_tokens_per_s"]
     metrics = {
         "variant": variant, "seed": seed, "params_total": counts["total"], "params_by_component": counts,
-        **{k: v for k, v in result.items() if not k.endswith("_rows")},
-        "achieved_flops_per_s": achieved, "peak_flops_per_s": peak, "peak_source": peak_source,
-        "mfu": achieved / peak if peak else None, "mlflow_run_id": tracker.run_id,
+        **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
     }
+    if not cluster.main:
+        return metrics
+    peak, peak_source = peak_flops(resolve_device(tcfg["device"], cluster))  # one device's peak
+    achieved = flops_per_token(counts, cfg, mean_len) * result["processed_tokens_per_s"]
+    metrics.update(achieved_flops_per_s=achieved, peak_flops_per_s=peak, peak_source=peak_source,
+                   mfu=achieved / (peak * cluster.world) if peak else None)
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         torch.save({"model_config": cfg.__dict__.copy(), "state_dict": model.state_dict()}, tmp / "model.pt")
@@ -120,8 +145,9 @@ def main(argv: list[str] | None = None) -> None:
                       Path(args.out), Path(args.checkpoints))
     except (ParamsError, ValueError, OSError, trainer.NonFiniteLoss) as exc:
         raise SystemExit(f"train: {exc}")
-    print(f"{args.variant}-{args.seed}: val_loss {metrics['val_loss']:.4f}, "
-          f"{metrics['tokens_trained']} target tokens in {metrics['wall_time_s']:.1f} s")
+    if int(os.environ.get("RANK", "0")) == 0:  # torchrun: one summary line, not one per rank
+        print(f"{args.variant}-{args.seed}: val_loss {metrics['val_loss']:.4f}, "
+              f"{metrics['tokens_trained']} target tokens in {metrics['wall_time_s']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,182 @@
+"""Report stage: compare every variant with the baseline over seeds, as Markdown + HTML + figures.
+
+    python -m pipeline.report --runs data/runs --evals data/eval \
+        --filter-metrics data/metrics/filter.json --params params.yaml --out-dir reports
+
+Design decisions:
+- Reads only the stage outputs (train.json, curves, eval.json, samples, attention, filter.json);
+  every number in the report comes from those files. A missing file or value is shown as missing
+  (—), never as zero; an unreadable file stops the stage with one line naming it (exit code 1).
+- Statistics are in pipeline.stats (t-intervals over seeds, paired t-test vs the baseline).
+- The whole output directory is built in a temporary directory and swapped in at the end, so a
+  failure leaves the previous report intact instead of a half-written one.
+- MLflow only mirrors: one parent run holds the report as artifacts and adopts each training run
+  as a child. Any MLflow failure is a warning; the report on disk is the result.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import yaml
+
+import json
+
+from pipeline.atomic import atomic_path
+from pipeline.report_dvc import curve_tables, metrics_summary
+from pipeline.report_figures import figure_blocks
+from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
+from pipeline.report_render import Paragraph, to_html, to_markdown
+from pipeline.report_tables import (
+    compute_results, cost_blocks, data_blocks, params_blocks, per_run_blocks, results_blocks,
+    samples_blocks, setup_blocks,
+)
+
+log = logging.getLogger(__name__)
+
+TITLE = "Ablation report"
+DEFAULT_EXPERIMENT = "ablation-lab"
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # same default as the train stage (pipeline.tracking)
+BUDGET_KEYS = ("budget_tokens", "budget_steps")
+
+
+def render_report(
+    runs_dir: Path, evals_dir: Path, filter_metrics: Path, variants: Sequence[str], seeds: Sequence[int],
+    baseline: str, budget: Mapping[str, object], out_dir: Path,
+) -> dict[str, dict[str, str]]:
+    """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
+
+    `out_dir` is replaced as a whole: it is the report stage's one output.
+
+    Returns the MLflow runs to link: run id -> {"variant", "seed"} for each train.json that has one.
+    Raises ReportInputError (a ValueError) naming the file when an input cannot be read.
+    """
+    variants, seeds = list(variants), list(seeds)
+    if baseline not in variants:
+        raise ReportInputError(f"baseline {baseline!r} is not one of the variants {variants}")
+    runs = load_runs(Path(runs_dir), Path(evals_dir), variants, seeds)
+    filt = load_filter_metrics(Path(filter_metrics))
+    results = compute_results(runs, variants, seeds, baseline)
+    task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
+
+    with atomic_path(out_dir) as tmp:
+        (tmp / "figures").mkdir(parents=True)
+        blocks = (
+            [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
+            + setup_blocks(runs, variants, seeds, baseline, budget, task)
+            + results_blocks(results, variants, baseline)
+            + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
+            + params_blocks(runs, variants, seeds)
+            + cost_blocks(runs, variants, seeds)
+            + data_blocks(filt, Path(filter_metrics))
+            + samples_blocks(runs, variants, seeds)
+            + per_run_blocks(runs, variants, seeds, results.metrics)
+        )
+        (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")
+        (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
+        (tmp / "metrics.json").write_text(json.dumps(metrics_summary(results, variants), indent=2) + "\n")
+        curve_tables(runs, tmp / "curves")
+
+    links = {}
+    for (variant, seed), run in runs.items():
+        run_id = run.train.get("mlflow_run_id") if run.train else None
+        if isinstance(run_id, str) and run_id:
+            links[run_id] = {"variant": variant, "seed": str(seed)}
+    return links
+
+
+def link_runs(
+    run_ids: list[str], report_dir: Path, experiment: str,
+    run_tags: Mapping[str, Mapping[str, str]] | None = None,
+) -> str | None:
+    """Create a parent MLflow run holding `report_dir` as artifacts; make each run id its child.
+
+    Sets `mlflow.parentRunId` (plus `run_tags[run_id]`, e.g. variant/seed) on every child. Tracking
+    URI: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the current directory. Returns the parent
+    run id, or None when MLflow failed; failures are logged as warnings and never raised.
+    """
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+        parent_id = client.create_run(exp_id, run_name="report", tags={"stage": "report"}).info.run_id
+        client.log_artifacts(parent_id, str(report_dir))
+    except Exception as exc:  # noqa: BLE001 - MLflow only mirrors; the report is already on disk
+        log.warning("report: MLflow linking skipped (%s: %s)", type(exc).__name__, str(exc).splitlines()[0][:200])
+        return None
+    linked = 0
+    for run_id in run_ids:
+        try:
+            child = client.get_run(run_id)
+            if child.info.experiment_id != exp_id:
+                # The UI nests children only inside the parent's experiment.
+                log.warning("report: MLflow run %s is in another experiment than %r", run_id, experiment)
+            client.set_tag(run_id, "mlflow.parentRunId", parent_id)
+            for key, value in (run_tags or {}).get(run_id, {}).items():
+                client.set_tag(run_id, key, str(value))
+            linked += 1
+        except Exception as exc:  # noqa: BLE001 - e.g. the run was deleted or lives in another store
+            log.warning("report: cannot link MLflow run %s (%s)", run_id, type(exc).__name__)
+    try:
+        client.set_tag(parent_id, "linked_runs", str(linked))
+        client.set_terminated(parent_id)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("report: cannot close MLflow run %s (%s)", parent_id, type(exc).__name__)
+    return parent_id
+
+
+def _read_params(path: Path) -> dict:
+    # Only the keys this stage needs, checked here; full validation is pipeline.params' job.
+    try:
+        params = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ReportInputError(f"cannot read {path}: {str(e).splitlines()[0]}") from e
+    if not isinstance(params, dict):
+        raise ReportInputError(f"{path}: expected a mapping at the top level")
+    if not isinstance(params.get("ablations"), dict) or not params["ablations"]:
+        raise ReportInputError(f"{path}: key 'ablations' must be a non-empty mapping of variant -> overrides")
+    seeds = params.get("seeds")
+    if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds):
+        raise ReportInputError(f"{path}: key 'seeds' must be a non-empty list of integers")
+    for key in ("report", "train"):
+        if params.get(key) is not None and not isinstance(params[key], dict):
+            raise ReportInputError(f"{path}: key '{key}' must be a mapping")
+    baseline = (params.get("report") or {}).get("baseline", "baseline")
+    if baseline not in params["ablations"]:
+        raise ReportInputError(f"{path}: report.baseline {baseline!r} is not a key of 'ablations'")
+    return params
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, required=True, help="train stage outputs (data/runs)")
+    parser.add_argument("--evals", type=Path, required=True, help="evaluate stage outputs (data/eval)")
+    parser.add_argument("--filter-metrics", type=Path, required=True, help="data/metrics/filter.json")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--out-dir", type=Path, required=True, help="replaced as a whole (reports)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        params = _read_params(args.params)
+        report = params.get("report") or {}
+        train = params.get("train") or {}
+        links = render_report(
+            args.runs, args.evals, args.filter_metrics,
+            variants=[str(v) for v in params["ablations"]], seeds=params["seeds"],
+            baseline=str(report.get("baseline", "baseline")),
+            budget={k: train[k] for k in BUDGET_KEYS if train.get(k) is not None},
+            out_dir=args.out_dir,
+        )
+    except ReportInputError as e:
+        raise SystemExit(f"report: {e}") from None
+    log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
+    link_runs(list(links), args.out_dir, str(report.get("experiment") or DEFAULT_EXPERIMENT), links)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""What the report stage hands back to DVC: a metrics file and long-format curve tables.
+
+`reports/metrics.json` (dvc.yaml top-level `metrics:`) holds each variant's mean and 95% interval
+half-width per metric and its paired delta vs the baseline, so `dvc metrics show/diff` and
+`dvc exp show` compare variants and experiments. `reports/curves/{val,train}_loss.csv` hold every
+run's curve with variant and seed columns, drawn by the `by_variant` template (.dvc/plots/).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.report_inputs import Run
+
+
+def metrics_summary(results, variants: Sequence[str]) -> dict:
+    out = {}
+    for v in variants:
+        entry = {}
+        for m in results.metrics:
+            s = results.summaries[v][m]
+            entry[m] = {"mean": s.mean, "ci95": s.half_width, "n": s.n}
+            d = results.deltas.get(v, {}).get(m)
+            if d is not None:
+                entry[m].update({"delta": d.mean, "p": d.p_value, "verdict": d.verdict})
+        out[v] = entry
+    return {"variants": out, "main_metric": results.main_metric}
+
+
+def curve_tables(runs: Mapping[tuple[str, int], Run], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for attr, column in (("val_curve", "val_loss"), ("train_curve", "train_loss")):
+        frames = []
+        for (variant, seed), run in runs.items():
+            curve = getattr(run, attr)
+            if curve is not None and not curve.empty:
+                frames.append(curve[["tokens", column]].assign(variant=variant, seed=seed))
+        table = pd.concat(frames) if frames else pd.DataFrame(columns=["tokens", column, "variant", "seed"])
+        table[["variant", "seed", "tokens", column]].to_csv(out_dir / f"{column}.csv", index=False)

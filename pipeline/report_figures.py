@@ -1,0 +1,120 @@
+"""Which figures the report draws, and from which run files; the drawing is in pipeline.figures.
+
+Each function writes its PNG under `figures_dir` and returns the report blocks that show it, or a
+paragraph saying why it could not be drawn (no data is not a reason to fail the report).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pipeline import figures
+from pipeline.report_inputs import Run, number
+from pipeline.report_render import Block, Figure, Heading, Paragraph
+from pipeline.report_tables import Results
+from pipeline.stats import higher_is_better
+
+ATTENTION_PREFERENCE = ("decoder.cross", "decoder.self", "encoder.self")  # first present is shown
+
+
+def _curves(runs, variant: str, seeds: Sequence[int], attr: str, column: str) -> list[figures.Curve]:
+    out = []
+    for s in seeds:
+        df = getattr(runs[(variant, s)], attr)
+        if df is not None:
+            df = df.dropna(subset=["tokens", column])
+            if len(df):
+                out.append((df["tokens"].to_numpy(float), df[column].to_numpy(float)))
+    return out
+
+
+def curve_blocks(runs, variants, seeds, colors, figures_dir: Path) -> list[Block]:
+    train = {v: _curves(runs, v, seeds, "train_curve", "train_loss") for v in variants}
+    val = {v: _curves(runs, v, seeds, "val_curve", "val_loss") for v in variants}
+    if not any(train.values()) and not any(val.values()):
+        return [Paragraph("Training curves not drawn: no train_curve.csv or val_curve.csv found.")]
+    figures.plot_curves(train, val, colors, figures_dir / "curves.png")
+    absent = [f"no {name} for {', '.join(v for v in variants if not curves[v])}"
+              for name, curves in (("training curve", train), ("validation curve", val))
+              if not all(curves.values())]
+    return [Figure("figures/curves.png",
+                   "Training and validation loss vs tokens trained: line = mean over seeds, "
+                   "band = min..max across seeds (n = seeds with a curve); y-axis fitted to the last 90% "
+                   "of training." + "".join(f" {a.capitalize()}." for a in absent))]
+
+
+def delta_blocks(results: Results, baseline: str, colors, figures_dir: Path) -> list[Block]:
+    if not results.deltas:
+        return [Paragraph("Δ figure not drawn: there is no variant besides the baseline.")]
+    metrics = ["val_loss"] + ([results.main_metric] if results.main_metric else [])
+    if all(results.deltas[v][m].mean is None for v in results.deltas for m in metrics):
+        return [Paragraph("Δ figure not drawn: no variant shares a seed with the baseline.")]
+    panels = [(m, higher_is_better(m), {v: results.deltas[v][m] for v in results.deltas}) for m in metrics]
+    figures.plot_deltas(panels, baseline, colors, figures_dir / "deltas.png")
+    return [Figure("figures/deltas.png",
+                   f"Δ vs {baseline} paired by seed: bar = mean difference, error bar = 95% t-interval "
+                   "(absent when n=1), label = verdict and paired t-test p-value.")]
+
+
+def params_loss_blocks(runs, variants, seeds, colors, figures_dir: Path) -> list[Block]:
+    points: dict[str, list[tuple[float, float]]] = {}
+    for v in variants:
+        pts = []
+        for s in seeds:
+            run = runs[(v, s)]
+            params, loss = number(run.train, "params_total"), number(run.eval, "val_loss")
+            if params is not None and loss is not None:
+                pts.append((params, loss))
+        points[v] = pts
+    if not any(points.values()):
+        return [Paragraph("Parameters vs loss not drawn: no run has both params_total and val_loss.")]
+    figures.plot_params_vs_loss(points, colors, figures_dir / "params_vs_loss.png")
+    return [Figure("figures/params_vs_loss.png",
+                   "Total parameters (train.json) vs validation loss (eval.json): faint dots = seeds, "
+                   "marker = mean with 95% t-interval.")]
+
+
+def _attention_panel(run: Run) -> tuple | None:
+    if run.attention is None:
+        return None
+    maps = run.attention["maps"]
+    name = next((n for n in ATTENTION_PREFERENCE if n in maps), None)
+    if name is None:
+        return None
+    # Queries are target positions; keys are source positions for cross-attention only.
+    src, tgt = run.attention.get("src_tokens"), run.attention.get("tgt_tokens")
+    keys, queries = {"decoder.cross": (src, tgt), "decoder.self": (tgt, tgt), "encoder.self": (src, src)}[name]
+    return (f"{run.variant} (seed {run.seed}): {name}", maps[name], keys, queries)
+
+
+def attention_blocks(runs, variants, seeds, baseline: str, figures_dir: Path) -> list[Block]:
+    """Baseline and the first ablation with an attention map, on the first seed that has one."""
+    def first_panel(variant: str) -> tuple | None:
+        return next((p for s in seeds if (p := _attention_panel(runs[(variant, s)])) is not None), None)
+
+    picks = [(baseline, first_panel(baseline))]
+    picks.append(next(((v, p) for v in variants if v != baseline and (p := first_panel(v))), (None, None)))
+    shown = [v for v, p in picks if p is not None]
+    panels = [p for _, p in picks if p is not None]
+    if not panels:
+        return [Paragraph("Attention maps not drawn: no attention.json found.")]
+    figures.plot_attention(panels, figures_dir / "attention.png")
+    note = "" if baseline in shown else f" ({baseline} has no attention.json)"
+    return [Figure("figures/attention.png",
+                   f"Attention of one validation example, last layer, averaged over heads: "
+                   f"{' and '.join(shown)}{note}. Rows = query (target) positions, columns = keys.")]
+
+
+def figure_blocks(
+    runs: Mapping[tuple[str, int], Run], results: Results, variants: Sequence[str],
+    seeds: Sequence[int], baseline: str, figures_dir: Path,
+) -> list[Block]:
+    """All figures of the report, drawn into `figures_dir`."""
+    colors = figures.variant_colors(variants)
+    return (
+        [Heading("Figures")]
+        + curve_blocks(runs, variants, seeds, colors, figures_dir)
+        + delta_blocks(results, baseline, colors, figures_dir)
+        + params_loss_blocks(runs, variants, seeds, colors, figures_dir)
+        + attention_blocks(runs, variants, seeds, baseline, figures_dir)
+    )

@@ -1,0 +1,257 @@
+"""Tables of the report, built from the loaded runs; every number is read from a run file.
+
+A value that is absent (no run, no file, no key, null, NaN) is shown as MISSING and left out of the
+statistics: it is never replaced by zero.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.report_inputs import Run, number, values_by_seed
+from pipeline.report_render import Block, Heading, Paragraph, Table
+from pipeline.stats import Delta, Summary, higher_is_better, paired_delta, summarize
+
+MISSING = "—"
+BASE_METRICS = ("val_loss", "val_ppl", "test_loss", "test_ppl")
+ALWAYS_SHOWN = ("val_loss", "val_ppl")  # shown even when every run lacks them, so the gap is visible
+TASK_METRICS = ("rouge1", "rouge2", "rougeL", "bleu", "chrf", "bits_per_token", "bits_per_char")
+# Task metric of the delta figure: the first present, i.e. the one each task usually leads with.
+MAIN_METRIC_PRIORITY = ("rougeL", "bleu", "bits_per_token", "bits_per_char", "rouge1", "rouge2", "chrf")
+COMPONENT_ORDER = ("embeddings", "attention", "ffn", "norms", "other", "total")
+RUN_FILES = ("train.json", "train_curve.csv", "val_curve.csv", "eval.json", "samples.json", "attention.json")
+_RUN_FIELDS = ("train", "train_curve", "val_curve", "eval", "samples", "attention")
+N_SAMPLES = 3  # sample outputs shown per variant
+SAMPLE_CHARS = 160  # longer texts are cut, the table is a glance not a dump
+
+
+def fmt(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return MISSING
+    # Large values (perplexity of an untrained model, token counts) read better without exponent.
+    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
+
+
+def fmt_int(x: float | None) -> str:
+    return MISSING if x is None else f"{round(x):,}"
+
+
+def fmt_p(p: float | None) -> str:
+    return MISSING if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def fmt_summary(s: Summary) -> str:
+    if s.mean is None:
+        return MISSING
+    if s.half_width is None:
+        return f"{fmt(s.mean)} ({s.note})"
+    note = f"n={s.n}" + (f", {s.note}" if s.note else "")
+    return f"{fmt(s.mean)} ± {fmt(s.half_width, 2)} ({note})"
+
+
+def fmt_raw(record: Mapping | None, key: str) -> str:
+    """A value as written in the file (NaN/inf shown as such), MISSING if absent."""
+    value = None if record is None else record.get(key)
+    if value is None:
+        return MISSING
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else fmt(value)
+
+
+def arrow(metric: str) -> str:
+    return "↑" if higher_is_better(metric) else "↓"
+
+
+@dataclass
+class Results:
+    metrics: list[str]  # metrics reported, in display order
+    main_metric: str | None  # task metric of the delta figure
+    summaries: dict[str, dict[str, Summary]]  # variant -> metric -> Summary
+    deltas: dict[str, dict[str, Delta]]  # non-baseline variant -> metric -> Delta
+
+
+def compute_results(
+    runs: Mapping[tuple[str, int], Run], variants: Sequence[str], seeds: Sequence[int], baseline: str
+) -> Results:
+    """Summary per variant and metric, and paired delta vs the baseline, from eval.json values."""
+    present = {k for run in runs.values() if run.eval for k in run.eval}
+    metrics = [m for m in BASE_METRICS + TASK_METRICS if m in present or m in ALWAYS_SHOWN]
+    main = next((m for m in MAIN_METRIC_PRIORITY if m in present), None)
+    values = {v: {m: values_by_seed(runs, v, seeds, "eval", m) for m in metrics} for v in variants}
+    summaries = {v: {m: summarize(list(values[v][m].values())) for m in metrics} for v in variants}
+    deltas = {
+        v: {m: paired_delta(values[v][m], values[baseline][m], higher_is_better(m)) for m in metrics}
+        for v in variants
+        if v != baseline
+    }
+    return Results(metrics, main, summaries, deltas)
+
+
+def _params_total(runs: Mapping[tuple[str, int], Run], variant: str, seeds: Sequence[int]) -> str:
+    totals = sorted(set(values_by_seed(runs, variant, seeds, "train", "params_total").values()))
+    return " / ".join(fmt_int(t) for t in totals) if totals else MISSING
+
+
+def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: str | None) -> list[Block]:
+    """What was compared: task, seeds, baseline, budget, parameter counts and missing runs."""
+    budget_parts = [f"{k} = {fmt_int(v) if isinstance(v, (int, float)) else v}" for k, v in budget.items()]
+    budget_text = (
+        "Training budget per run (params.yaml train): " + "; ".join(budget_parts) + "."
+        if budget_parts
+        else "Training budget: not stated in params.yaml (no train.budget_tokens / train.budget_steps)."
+    )
+    rows = []
+    for v in variants:
+        found = [s for s in seeds if not runs[(v, s)].missing]
+        gaps = []
+        for s in seeds:
+            run = runs[(v, s)]
+            absent = [f for f, attr in zip(RUN_FILES, _RUN_FIELDS) if getattr(run, attr) is None]
+            if run.missing:
+                gaps.append(f"seed {s}: run missing")
+            elif absent:
+                gaps.append(f"seed {s}: no " + ", ".join(absent))
+        if not found:
+            gaps = ["all seeds: run missing"]
+        rows.append([v, _params_total(runs, v, seeds), f"{len(found)}/{len(seeds)}", "; ".join(gaps) or "none"])
+    return [
+        Heading("Setup"),
+        Paragraph(
+            f"Task: {task or MISSING}. Baseline: {baseline}. Seeds: {', '.join(map(str, seeds))}. "
+            f"Variants: {', '.join(variants)}."
+        ),
+        Paragraph(budget_text),
+        Table(["variant", "parameters", "runs found", "missing"], rows, "Variants and runs"),
+    ]
+
+
+def results_blocks(results: Results, variants: Sequence[str], baseline: str) -> list[Block]:
+    """Metric table (mean ± CI) and delta table (paired by seed, t-test, verdict)."""
+    headers = ["variant"] + [f"{m} {arrow(m)}" for m in results.metrics]
+    rows = [[v] + [fmt_summary(results.summaries[v][m]) for m in results.metrics] for v in variants]
+    metric_table = Table(
+        headers, rows, "Metrics on the evaluation data (eval.json): mean ± 95% t-interval half-width over seeds",
+        [f"↓ lower is better, ↑ higher is better. n = seeds with a value; {MISSING} = no run has the value. "
+         "NaN/inf values count as missing here; the per-run table shows them as written."],
+    )
+    delta_rows = []
+    for v, by_metric in results.deltas.items():
+        if all(s.n == 0 for s in results.summaries[v].values()):  # one row, not one per metric
+            delta_rows.append([v, "all", MISSING, MISSING, MISSING, "0", "no values for this variant"])
+            continue
+        for m, d in by_metric.items():
+            if d.half_width is None:
+                ci = MISSING if d.mean is None else "n=1: no interval"
+            else:
+                ci = f"[{fmt(d.mean - d.half_width, 3)}, {fmt(d.mean + d.half_width, 3)}]"
+            delta_rows.append([v, f"{m} {arrow(m)}", fmt(d.mean, 3), ci, fmt_p(d.p_value), str(d.n), d.verdict])
+    blocks: list[Block] = [Heading("Results"), metric_table]
+    if delta_rows:
+        blocks.append(Table(
+            ["variant", "metric", "Δ mean", "95% CI of Δ", "p (paired t)", "paired seeds", "verdict"],
+            delta_rows, f"Δ vs {baseline} (variant − {baseline}), paired by seed",
+            ["Verdicts use a two-sided paired t-test at 5%; 'better'/'worse' account for the metric's direction."],
+        ))
+    return blocks
+
+
+def params_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Block]:
+    """Parameter count by component, from the first seed with a train.json."""
+    by_variant: dict[str, dict] = {}
+    for v in variants:
+        first = next((runs[(v, s)].train for s in seeds if runs[(v, s)].train), None)
+        comps = first.get("params_by_component") if first else None
+        by_variant[v] = comps if isinstance(comps, dict) else {}
+    keys = {k for comps in by_variant.values() for k in comps}
+    columns = [c for c in COMPONENT_ORDER if c in keys] + sorted(keys - set(COMPONENT_ORDER))
+    rows = [[v] + [fmt_int(number(by_variant[v], c)) for c in columns] for v in variants]
+    return [Heading("Parameters by component"),
+            Table(["variant"] + columns, rows, "Parameters (train.json params_by_component)")]
+
+
+def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Block]:
+    """Tokens, steps, wall time, throughput and MFU: mean over seeds with a train.json."""
+    def mean(v: str, key: str) -> float | None:
+        vals = list(values_by_seed(runs, v, seeds, "train", key).values())
+        return float(np.mean(vals)) if vals else None
+
+    rows = []
+    for v in variants:
+        devices = sorted({str(runs[(v, s)].train.get("device")) for s in seeds if runs[(v, s)].train})
+        rows.append([
+            v, fmt_int(mean(v, "tokens_trained")), fmt_int(mean(v, "steps")), fmt(mean(v, "wall_time_s")),
+            fmt_int(mean(v, "tokens_per_s")), fmt(mean(v, "mfu"), 3), fmt(mean(v, "padding_ratio"), 3),
+            ", ".join(devices) or MISSING,
+        ])
+    return [Heading("Training cost"), Table(
+        ["variant", "tokens trained", "steps", "wall time (s)", "tokens/s", "MFU", "padding ratio", "device"],
+        rows, "Training cost (train.json), mean over seeds",
+    )]
+
+
+def data_blocks(filter_metrics: dict | None, path: Path) -> list[Block]:
+    """Kept/dropped examples per split and length percentiles, from the filter stage's metrics."""
+    blocks: list[Block] = [Heading("Data")]
+    if filter_metrics is None:
+        return blocks + [Paragraph(f"Filter metrics not available: {path} is missing.")]
+    splits = filter_metrics.get("splits") if isinstance(filter_metrics.get("splits"), dict) else {}
+    rows = []
+    for split, counts in splits.items():
+        kept, dropped = number(counts, "kept"), number(counts, "dropped")
+        share = dropped / (kept + dropped) if kept is not None and dropped is not None and kept + dropped else None
+        rows.append([split, fmt_int(kept), fmt_int(dropped), MISSING if share is None else f"{share:.1%}"])
+    blocks.append(Table(["split", "kept", "dropped", "dropped %"], rows or [[MISSING] * 4],
+                        f"Examples kept by the filter stage ({path})"))
+    pct_keys = ("p50", "p90", "p99", "max")
+    len_rows = []
+    for side in ("source", "target"):
+        pct = filter_metrics.get(f"{side}_len_percentiles")
+        pct = pct if isinstance(pct, dict) else None
+        len_rows.append([side] + [fmt(number(pct, k)) for k in pct_keys])
+    blocks.append(Table(["sequence"] + list(pct_keys), len_rows, "Length percentiles after filtering"))
+    return blocks
+
+
+def _cut(text: object) -> str:
+    if text is None:
+        return MISSING
+    text = " ".join(str(text).split())
+    if not text:
+        return "(empty)"
+    return text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS - 1] + "…"
+
+
+def samples_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Block]:
+    """The first few sample outputs per variant, from its first seed with a samples.json."""
+    rows = []
+    for v in variants:
+        seed = next((s for s in seeds if runs[(v, s)].samples is not None), None)
+        if seed is None:
+            rows.append([v, MISSING, MISSING, MISSING, MISSING])
+            continue
+        for i, sample in enumerate(runs[(v, seed)].samples[:N_SAMPLES]):
+            sample = sample if isinstance(sample, dict) else {}
+            rows.append([f"{v} (seed {seed})" if i == 0 else "", str(i + 1), _cut(sample.get("source")),
+                         _cut(sample.get("reference")), _cut(sample.get("prediction"))])
+    return [Heading("Sample outputs"), Table(
+        ["variant", "#", "source", "reference", "prediction"], rows,
+        f"First {N_SAMPLES} samples per variant (samples.json), cut at {SAMPLE_CHARS} characters",
+    )]
+
+
+def per_run_blocks(runs, variants, seeds, metrics: Sequence[str]) -> list[Block]:
+    """Every run's own values, as written in its files, so each mean above can be checked."""
+    rows = []
+    for v in variants:
+        for s in seeds:
+            run = runs[(v, s)]
+            rows.append([v, str(s)] + [fmt_raw(run.eval, m) for m in metrics] + [
+                fmt_raw(run.train, "tokens_trained"), fmt_raw(run.train, "wall_time_s"),
+                fmt_raw(run.train, "mlflow_run_id"),
+            ])
+    headers = ["variant", "seed"] + list(metrics) + ["tokens trained", "wall time (s)", "MLflow run"]
+    return [Heading("Per-run values"), Table(headers, rows, "One row per variant × seed")]

@@ -1,0 +1,154 @@
+"""Dataset sources for the download stage: each turns a public dataset (or local files) into raw/.
+
+Every source is a module `pipeline.sources.<name>` with
+    task: "summarization" | "translation" | "language_modeling"  (None for `local`: set by options)
+    Options: a pydantic model of its `data.<name>` params section (unknown keys are errors)
+    fetch(options: dict, cache_dir: Path, out_dir: Path) -> None
+        downloads into cache_dir (reused when present and valid) and writes
+        out_dir/<split>.parquet (string columns source, target) and out_dir/meta.json.
+meta.json["task"] is authoritative (it is the only place `local` records its task).
+
+`SOURCES` maps name -> module and imports a module only when it is looked up, so importing this
+package has no side effects and one broken or missing source cannot break the others.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal, TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from pipeline.atomic import atomic_path, atomic_write_json
+from pipeline.fetch import cache_path, fetch, sha256_file
+
+TASKS = ("summarization", "translation", "language_modeling")
+SPLITS = ("train", "validation", "test")
+# `synthetic` is not here: it generates data in-process and the download stage handles it itself.
+_NAMES = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "multi30k", "local")
+SHA256 = pydantic.constr(pattern=r"^[0-9a-fA-F]{64}$")
+Split = Literal["train", "validation", "test"]
+Direction = Literal["en-de", "de-en"]
+
+
+class _Registry(Mapping[str, ModuleType]):
+    def __getitem__(self, name: str) -> ModuleType:
+        if name not in _NAMES:
+            raise KeyError(name)
+        return importlib.import_module(f"{__name__}.{name}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+
+SOURCES: Mapping[str, ModuleType] = _Registry()
+
+
+def get_source(name: str) -> ModuleType:
+    """SOURCES[name], with a one-line error listing the valid names."""
+    if name not in _NAMES:
+        raise ValueError(f"data.source: unknown source {name!r}; choose one of {', '.join(_NAMES)}")
+    return SOURCES[name]
+
+
+class RemoteOptions(BaseModel):
+    """Options shared by the downloaded sources; each source subclasses it with its defaults."""
+    model_config = ConfigDict(extra="forbid")
+
+    max_rows: PositiveInt | None = None  # keep the first N rows of each split (None: all)
+    sha256: dict[str, SHA256] = Field(default_factory=dict)  # file (as in `files`) -> digest
+    timeout_s: float = Field(30.0, gt=0)  # per socket read; a stall this long is retried
+    retries: int = Field(4, ge=0)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_options(model: type[M], options: Mapping[str, Any] | None, source: str) -> M:
+    """Validate `data.<source>`; the error is one line naming the offending key."""
+    try:
+        return model.model_validate(dict(options or {}))
+    except pydantic.ValidationError as err:
+        e = err.errors()[0]
+        loc = [str(p) for p in e["loc"] if p != "[key]"]  # "[key]": the error is in a dict key
+        key = ".".join([f"data.{source}", *loc])
+        if e["type"] == "extra_forbidden":
+            allowed = _fields_at(model, loc[:-1])
+            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+            raise ValueError(f"{key}: unknown option{hint}") from None
+        if e["type"] == "missing":
+            raise ValueError(f"{key}: required option is missing") from None
+        got = f" (got {e['input']!r})" if loc else ""  # a whole-model error: input is everything
+        raise ValueError(f"{key}: {e['msg']}{got}") from None
+
+
+def _fields_at(model: type[BaseModel], path: Sequence[str]) -> list[str]:
+    """Field names of the (nested) model at `path`, or [] if it is not a model."""
+    for name in path:
+        field = model.model_fields.get(name)
+        sub = field.annotation if field else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return []
+        model = sub
+    return list(model.model_fields)
+
+
+def check_pins(opts: RemoteOptions, files: Sequence[str], source: str) -> None:
+    """Every key of `sha256` must name one of the files, so a typo does not silently skip a check."""
+    for key in opts.sha256:
+        if key not in files:
+            raise ValueError(f"data.{source}.sha256.{key}: not one of the files ({', '.join(files)})")
+
+
+def download(base_url: str, file: str, cache_dir: Path, opts: RemoteOptions,
+             max_bytes: int | None = None) -> tuple[Path, dict]:
+    """Fetch `<base_url>/<file>` into the cache; return its path and a provenance record."""
+    url = base_url.rstrip("/") + "/" + file.lstrip("/")
+    path = cache_path(cache_dir, url)
+    if max_bytes is not None:  # a prefix must never be mistaken for the whole file in the cache
+        path = path.with_name(f"{path.name}.first-{max_bytes}-bytes")
+    path = fetch(url, path, sha256=opts.sha256.get(file),
+                 retries=opts.retries, timeout=opts.timeout_s, max_bytes=max_bytes)
+    record = {"file": file, "url": url, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    if max_bytes is not None:
+        record["max_bytes"] = max_bytes
+    return path, record
+
+
+def write_raw(out_dir: Path, splits: Mapping[str, Mapping[str, Sequence[str]]], meta: dict) -> dict:
+    """Write out_dir/<split>.parquet (string columns source, target) and out_dir/meta.json.
+
+    `splits` maps split name -> {"source": [...], "target": [...]} (a DataFrame works too).
+    `meta` must hold "source" and "task"; row counts are added under "rows". Returns the meta.
+    """
+    if meta.get("task") not in TASKS:
+        raise ValueError(f"meta.task: must be one of {', '.join(TASKS)} (got {meta.get('task')!r})")
+    unknown = sorted(set(splits) - set(SPLITS))
+    if unknown or not splits:
+        raise ValueError(f"raw splits must be a non-empty subset of {SPLITS} (got {sorted(splits)})")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    for split in (s for s in SPLITS if s in splits):
+        columns = {c: list(splits[split][c]) for c in ("source", "target")}
+        if len(columns["source"]) != len(columns["target"]):
+            raise ValueError(f"{split}: source and target have different lengths")
+        for col, values in columns.items():
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if bad is not None:
+                raise ValueError(f"{split}.{col}[{bad}]: expected a string, got {values[bad]!r}")
+        table = pa.table({c: pa.array(v, type=pa.string()) for c, v in columns.items()})
+        with atomic_path(out_dir / f"{split}.parquet") as tmp:
+            pq.write_table(table, tmp)
+        rows[split] = table.num_rows
+    meta = {**meta, "rows": rows}
+    atomic_write_json(out_dir / "meta.json", meta)
+    return meta

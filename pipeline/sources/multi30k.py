@@ -1,0 +1,45 @@
+"""Multi30k English-German (translation): image captions and their German translations.
+
+Reads the JSON-lines files of the Hugging Face hub dataset `bentrevett/multi30k` (the WMT16
+multimodal task 1 data: 29,000 train / 1,014 validation / 1,000 test pairs), one object
+{"en": ..., "de": ...} per line; `direction` picks which side is the source.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from pipeline.sources import (Direction, RemoteOptions, Split, check_pins, download,
+                              parse_options, write_raw)
+from pipeline.sources.formats import read_jsonl
+
+NAME = "multi30k"
+task = "translation"
+
+BASE_URL = "https://huggingface.co/datasets/bentrevett/multi30k/resolve/main"
+
+
+class Options(RemoteOptions):
+    base_url: str = BASE_URL
+    files: dict[Split, str] = Field(default_factory=lambda: {
+        "train": "train.jsonl", "validation": "val.jsonl", "test": "test.jsonl"})
+    direction: Direction = "en-de"
+
+
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
+    opts = parse_options(Options, options, NAME)
+    check_pins(opts, list(opts.files.values()), NAME)
+    src_lang, tgt_lang = opts.direction.split("-")
+    splits, records = {}, []
+    for split, file in opts.files.items():
+        path, record = download(opts.base_url, file, cache_dir, opts)
+        records.append({"split": split, **record})
+        rows = read_jsonl(path, opts.max_rows)
+        for i, row in enumerate(rows):
+            if not all(isinstance(row.get(k), str) for k in ("en", "de")):
+                raise ValueError(f"{path}: record {i + 1}: needs string fields 'en' and 'de'")
+        splits[split] = {"source": [r[src_lang] for r in rows],
+                         "target": [r[tgt_lang] for r in rows]}
+    write_raw(out_dir, splits, {"source": NAME, "task": task, "direction": opts.direction,
+                                "files": records, "options": opts.model_dump()})

@@ -1,0 +1,167 @@
+"""pipeline.fetch against a local fault-injecting HTTP server (127.0.0.1 only, never the network)."""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+
+from pipeline.fetch import ChecksumError, DownloadError, cache_path, default_cache_dir, fetch
+from tests.fixtures.sources.server import closed_port_url, serve
+
+DATA = bytes(range(256)) * 1000  # 256 kB: several read chunks, so a half body is a real prefix
+SHA = hashlib.sha256(DATA).hexdigest()
+FAST = dict(backoff=0.0, timeout=0.5, progress=False)  # keeps every retry loop short
+
+
+@pytest.fixture
+def server(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "data.bin").write_bytes(DATA)
+    with serve(root, stall_s=1.5) as srv:
+        yield srv
+
+
+def test_download_verifies_and_leaves_no_part_file(server, tmp_path):
+    dest = tmp_path / "out" / "data.bin"
+    assert fetch(server.url("data.bin"), dest, sha256=SHA, size=len(DATA), **FAST) == dest
+    assert dest.read_bytes() == DATA
+    assert not dest.with_name("data.bin.part").exists()
+
+
+def test_http_500_is_retried_then_succeeds(server, tmp_path):
+    server.add_faults("data.bin", "500", "500")
+    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
+    assert dest.read_bytes() == DATA
+    assert len(server.requests_for("data.bin")) == 3
+
+
+def test_retries_are_bounded_and_the_error_is_clear(server, tmp_path):
+    server.add_faults("data.bin", *["500"] * 10)
+    dest = tmp_path / "d.bin"
+    with pytest.raises(DownloadError, match=r"after 3 attempts .*HTTP 500") as info:
+        fetch(server.url("data.bin"), dest, retries=2, **FAST)
+    assert len(server.requests_for("data.bin")) == 3
+    assert str(dest) in str(info.value) and not dest.exists()
+
+
+def test_http_404_is_not_retried(server, tmp_path):
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        fetch(server.url("missing.bin"), tmp_path / "m.bin", **FAST)
+    assert len(server.requests_for("missing.bin")) == 1
+
+
+def test_truncated_body_is_resumed_with_a_range_request(server, tmp_path):
+    server.add_faults("data.bin", "truncate")
+    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
+    assert dest.read_bytes() == DATA
+    assert server.requests_for("data.bin") == [None, f"bytes={len(DATA) // 2}-"]
+
+
+def test_interrupted_download_keeps_only_the_part_file_and_the_next_run_resumes(server, tmp_path):
+    server.add_faults("data.bin", "truncate")
+    dest = tmp_path / "d.bin"
+    with pytest.raises(DownloadError, match="connection closed"):
+        fetch(server.url("data.bin"), dest, retries=0, **FAST)
+    part = tmp_path / "d.bin.part"
+    assert not dest.exists() and part.read_bytes() == DATA[:len(DATA) // 2]
+    fetch(server.url("data.bin"), dest, sha256=SHA, **FAST)
+    assert dest.read_bytes() == DATA and not part.exists()
+    assert server.requests_for("data.bin")[-1] == f"bytes={len(DATA) // 2}-"
+
+
+def test_server_ignoring_range_restarts_from_zero(server, tmp_path):
+    server.ignore_range = True
+    part = tmp_path / "d.bin.part"
+    part.write_bytes(b"\xff" * 1000)  # a wrong prefix: appending the 200 body would corrupt
+    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", **FAST)
+    assert dest.read_bytes() == DATA
+    assert server.requests_for("data.bin") == ["bytes=1000-"]
+
+
+def test_complete_part_file_answered_with_416_is_accepted(server, tmp_path):
+    (tmp_path / "d.bin.part").write_bytes(DATA)
+    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
+    assert dest.read_bytes() == DATA
+    assert server.requests_for("data.bin") == [f"bytes={len(DATA)}-"]
+
+
+def test_wrong_checksum_raises_and_leaves_no_file(server, tmp_path):
+    dest = tmp_path / "d.bin"
+    with pytest.raises(ChecksumError, match=f"expected {'0' * 64}"):
+        fetch(server.url("data.bin"), dest, sha256="0" * 64, **FAST)
+    assert not dest.exists() and not (tmp_path / "d.bin.part").exists()
+
+
+def test_size_mismatch_with_the_server_is_an_error(server, tmp_path):
+    dest = tmp_path / "d.bin"
+    with pytest.raises(DownloadError, match=f"reports {len(DATA)} bytes .* expected size 10"):
+        fetch(server.url("data.bin"), dest, size=10, **FAST)
+    assert not dest.exists() and not (tmp_path / "d.bin.part").exists()
+
+
+def test_stall_times_out_and_the_retry_resumes(server, tmp_path):
+    server.add_faults("data.bin", "stall")
+    start = time.monotonic()
+    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
+    assert dest.read_bytes() == DATA
+    assert server.requests_for("data.bin")[1] == f"bytes={len(DATA) // 2}-"
+    assert time.monotonic() - start < server.stall_s  # gave up on the stall, did not wait it out
+
+
+def test_stall_on_every_attempt_gives_up(server, tmp_path):
+    server.add_faults("data.bin", "stall", "stall")
+    with pytest.raises(DownloadError, match="after 2 attempts"):
+        fetch(server.url("data.bin"), tmp_path / "d.bin", retries=1, **FAST)
+
+
+def test_offline_error_names_the_cache_path_and_local(tmp_path):
+    dest = cache_path(tmp_path / "cache", closed_port_url("x/input.txt"))
+    with pytest.raises(DownloadError) as info:
+        fetch(closed_port_url("x/input.txt"), dest, retries=1, **FAST)
+    message = str(info.value)
+    assert str(dest) in message and "`local`" in message and "\n" not in message
+
+
+def test_verified_cache_hit_makes_no_request(tmp_path):
+    dest = tmp_path / "d.bin"
+    dest.write_bytes(DATA)
+    assert fetch(closed_port_url(), dest, sha256=SHA, size=len(DATA), **FAST) == dest
+
+
+def test_corrupt_cached_file_is_downloaded_again(server, tmp_path):
+    dest = tmp_path / "d.bin"
+    dest.write_bytes(b"stale")
+    fetch(server.url("data.bin"), dest, sha256=SHA, **FAST)
+    assert dest.read_bytes() == DATA
+
+
+def test_redirect_is_followed_and_resume_still_uses_range(server, tmp_path):
+    server.add_faults("data.bin", "truncate")
+    dest = fetch(server.url("redirect/data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
+    assert dest.read_bytes() == DATA
+    assert server.requests_for("data.bin") == [None, f"bytes={len(DATA) // 2}-"]
+
+
+@pytest.mark.parametrize("ignore_range", [False, True])
+def test_max_bytes_keeps_only_the_prefix(server, tmp_path, ignore_range):
+    server.ignore_range = ignore_range
+    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", max_bytes=1000, **FAST)
+    assert dest.read_bytes() == DATA[:1000]
+    assert server.requests_for("data.bin") == ["bytes=0-999"]
+
+
+def test_cache_path_mirrors_the_url_and_cannot_escape(tmp_path):
+    url = "https://huggingface.co/datasets/a/b/resolve/refs%2Fconvert%2Fparquet/../x/0000.parquet"
+    path = cache_path(tmp_path, url)
+    assert path.is_relative_to(tmp_path)
+    assert path.parts[-3:] == ("refs%2Fconvert%2Fparquet", "x", "0000.parquet")
+    assert cache_path(tmp_path, "http://127.0.0.1:8000/f.txt") == tmp_path / "127.0.0.1_8000/f.txt"
+
+
+def test_default_cache_dir_honours_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("ABLATION_LAB_CACHE", str(tmp_path))
+    assert default_cache_dir() == tmp_path
+    monkeypatch.delenv("ABLATION_LAB_CACHE")
+    assert default_cache_dir().parts[-2:] == (".cache", "ablation-lab")

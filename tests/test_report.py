@@ -1,0 +1,186 @@
+"""The report stage renders from fake run files: numbers, missing values, HTML, atomicity, errors."""
+import base64
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from pipeline.report import main, render_report
+from pipeline.report_figures import _attention_panel
+from pipeline.report_inputs import ReportInputError, load_run
+from tests.fixtures.report.fake_runs import make_project
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def render(p, out: Path | None = None, budget=None) -> Path:
+    out = out or p.root / "reports"
+    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline",
+                  budget if budget is not None else {"budget_tokens": 200_000}, out)
+    return out
+
+
+def md_table(md: str, first_header: str, second_header: str) -> list[dict[str, str]]:
+    """Rows (header -> cell) of the Markdown table whose header starts with the two given names."""
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} | {second_header}"))
+    headers = [h.strip() for h in lines[start].strip("|").split(" | ")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(headers, (c.strip() for c in line.strip("|").split(" | ")))))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    p = make_project(tmp_path_factory.mktemp("report"))
+    out = render(p)
+    return p, out, (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_metric_table_shows_mean_and_t_interval_computed_from_files(rendered):
+    p, _, md = rendered
+    rows = {r["variant"]: r for r in md_table(md, "variant", "val_loss ↓")}
+    x = np.array([p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds])
+    half = sps.t.ppf(0.975, len(x) - 1) * sps.sem(x)
+    assert rows["baseline"]["val_loss ↓"] == f"{x.mean():.4g} ± {half:.2g} (n=3)"
+    assert list(rows) == p.variants
+    assert rows["single_head"]["val_loss ↓"].endswith("(n=2)")  # seed 2 is missing, not zero
+
+
+def test_delta_table_has_paired_p_value_and_verdict(rendered):
+    p, _, md = rendered
+    rows = {(r["variant"], r["metric"]): r for r in md_table(md, "variant", "metric")}
+    b = [p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds]
+    v = [p.eval_values[("no_ffn", s)]["val_loss"] for s in p.seeds]
+    pval = sps.ttest_rel(v, b).pvalue
+    row = rows[("no_ffn", "val_loss ↓")]
+    assert row["p (paired t)"] == ("<0.001" if pval < 0.001 else f"{pval:.3f}")
+    assert row["verdict"] == ("worse" if pval < 0.05 else "no significant difference at 5%")
+    assert row["paired seeds"] == "3"
+    assert rows[("single_head", "val_loss ↓")]["paired seeds"] == "2"
+    assert ("baseline", "val_loss ↓") not in rows
+
+
+def test_missing_metric_and_missing_run_are_shown_as_missing_not_zero(rendered):
+    _, _, md = rendered
+    metrics = {r["variant"]: r for r in md_table(md, "variant", "val_loss ↓")}
+    assert metrics["no_rouge"]["rougeL ↑"] == "—"
+    assert metrics["no_rouge"]["rouge1 ↑"] != "—"
+    deltas = {(r["variant"], r["metric"]): r for r in md_table(md, "variant", "metric")}
+    assert deltas[("no_rouge", "rougeL ↑")]["Δ mean"] == "—"
+    assert deltas[("no_rouge", "rougeL ↑")]["verdict"] == "no paired seeds"
+    runs = {r["variant"]: r for r in md_table(md, "variant", "parameters")}
+    assert runs["single_head"]["runs found"] == "2/3" and "seed 2: run missing" in runs["single_head"]["missing"]
+    per_run = {(r["variant"], r["seed"]): r for r in md_table(md, "variant", "seed")}
+    missing = per_run[("single_head", "2")]
+    assert set(missing.values()) - {"single_head", "2"} == {"—"}
+    assert per_run[("no_rouge", "0")]["rougeL"] == "—"
+
+
+def test_report_states_budget_parameters_cost_and_data(rendered):
+    p, _, md = rendered
+    assert "budget_tokens = 200,000" in md
+    runs = {r["variant"]: r for r in md_table(md, "variant", "parameters")}
+    assert runs["no_ffn"]["parameters"] == f"{p.train_values[('no_ffn', 0)]['params_total']:,}"
+    comps = {r["variant"]: r for r in md_table(md, "variant", "embeddings")}
+    assert comps["no_ffn"]["ffn"] == f"{p.train_values[('no_ffn', 0)]['params_by_component']['ffn']:,}"
+    cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
+    tokens = np.mean([p.train_values[("baseline", s)]["tokens_trained"] for s in p.seeds])
+    assert cost["baseline"]["tokens trained"] == f"{round(tokens):,}"
+    filt = json.loads(p.filter_metrics.read_text())
+    splits = {r["split"]: r for r in md_table(md, "split", "kept")}
+    assert splits["train"]["kept"] == f"{filt['splits']['train']['kept']:,}"
+    assert "no_ffn prediction 0" in md and "\\|" in md  # sample table, pipes escaped
+
+
+def test_html_is_self_contained_and_embeds_every_figure(rendered):
+    _, out, md = rendered
+
+    class Collect(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.imgs, self.external = [], []
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "img":
+                self.imgs.append(attrs.get("src", ""))
+            if tag in ("script", "link") or any(
+                    (attrs.get(k) or "").startswith(("http:", "https:", "//")) for k in ("src", "href")):
+                self.external.append(tag)
+
+    parser = Collect()
+    parser.feed((out / "report.html").read_text(encoding="utf-8"))
+    parser.close()
+    pngs = sorted((out / "figures").glob("*.png"))
+    assert [p.name for p in pngs] == ["attention.png", "curves.png", "deltas.png", "params_vs_loss.png"]
+    prefix = "data:image/png;base64,"
+    assert len(parser.imgs) == len(pngs) and all(src.startswith(prefix) for src in parser.imgs)
+    embedded = {base64.b64decode(src[len(prefix):]) for src in parser.imgs}
+    assert embedded == {p.read_bytes() for p in pngs}
+    assert parser.external == []
+    assert all(f"(figures/{p.name})" in md for p in pngs)
+
+
+def test_one_seed_report_gives_no_interval_and_no_test(tmp_path):
+    p = make_project(tmp_path, seeds=(0,), missing_runs=())
+    md = (render(p) / "report.md").read_text(encoding="utf-8")
+    metrics = md_table(md, "variant", "val_loss ↓")
+    assert all(r["val_loss ↓"].endswith("(n=1: no interval)") for r in metrics)
+    assert not any("±" in cell for r in metrics for cell in r.values())
+    deltas = md_table(md, "variant", "metric")
+    assert {r["verdict"] for r in deltas} == {"n=1: no test", "no paired seeds"}
+    assert {r["p (paired t)"] for r in deltas} == {"—"}
+    assert len(list((tmp_path / "reports/figures").glob("*.png"))) == 4
+
+
+def test_bad_json_names_the_file_and_keeps_the_previous_report(tmp_path):
+    p = make_project(tmp_path)
+    out = render(p)
+    before = (out / "report.md").read_text(encoding="utf-8")
+    bad = p.evals / "no_ffn-1" / "eval.json"
+    bad.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ReportInputError, match="no_ffn-1/eval.json"):
+        render(p, out)
+    assert (out / "report.md").read_text(encoding="utf-8") == before
+    assert [c.name for c in tmp_path.iterdir() if c.name.startswith(".reports")] == []
+
+
+def test_cli_exits_1_with_one_line_on_bad_input(tmp_path):
+    p = make_project(tmp_path, seeds=(0,), missing_runs=())
+    params = tmp_path / "params.yaml"
+    params.write_text("seeds: [0]\nreport: {baseline: baseline}\n", encoding="utf-8")
+    args = ["--runs", str(p.runs), "--evals", str(p.evals), "--filter-metrics", str(p.filter_metrics),
+            "--params", str(params), "--out-dir", str(tmp_path / "reports")]
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert str(exc.value.code).startswith("report: ") and "'ablations'" in str(exc.value.code)
+    params.write_text("seeds: [0]\nablations: {baseline: {}}\nreport: {baseline: base}\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="report.baseline 'base'"):
+        main(args)
+    params.write_text("seeds: [0]\nablations: {baseline: {}, no_ffn: {}}\n", encoding="utf-8")
+    (p.runs / "baseline-0" / "train_curve.csv").write_text("step,tokens\n1,2\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.report", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"report: {p.runs / 'baseline-0' / 'train_curve.csv'}: missing column(s) train_loss"]
+    assert not (tmp_path / "reports").exists()
+
+
+def test_attention_prefers_cross_then_decoder_self(tmp_path):
+    p = make_project(tmp_path, seeds=(0,), missing_runs=())
+    run = load_run(p.runs, p.evals, "baseline", 0)
+    title, matrix, keys, queries = _attention_panel(run)
+    assert title.endswith("decoder.cross") and matrix.shape == (len(queries), len(keys))
+    del run.attention["maps"]["decoder.cross"]
+    title, matrix, keys, queries = _attention_panel(run)
+    assert title.endswith("decoder.self") and keys == queries

@@ -1,0 +1,245 @@
+"""The downloaded sources, each served from a local HTTP server (127.0.0.1) with tiny fixture files."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.fetch import ChecksumError, DownloadError
+from pipeline.sources import SOURCES, TASKS, get_source, write_raw
+from pipeline.sources.formats import split_paragraphs
+from tests.fixtures.sources.server import closed_port_url, serve
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sources"
+FAST = {"timeout_s": 2.0, "retries": 1}
+
+
+@pytest.fixture
+def hub(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    with serve(root) as srv:
+        yield srv
+
+
+def put(server, path: str, data: bytes | str) -> None:
+    file = server.root / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def put_parquet(server, path: str, columns: dict) -> None:
+    file = server.root / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), file)
+
+
+def run(name: str, options: dict, tmp_path: Path) -> tuple[dict[str, pd.DataFrame], dict]:
+    out = tmp_path / "raw"
+    SOURCES[name].fetch(options, tmp_path / "cache", out)
+    frames = {p.stem: pd.read_parquet(p) for p in sorted(out.glob("*.parquet"))}
+    for frame in frames.values():
+        assert list(frame.columns) == ["source", "target"]
+        assert all(isinstance(v, str) for col in frame for v in frame[col])
+    return frames, json.loads((out / "meta.json").read_text())
+
+
+def cnn_shards(hub) -> dict:
+    put_parquet(hub, "cnn/3.0.0/train-0.parquet",
+                {"id": ["a", "b", "c"], "article": ["A1", "A2", "A3"], "highlights": ["H1", "H2", "H3"]})
+    put_parquet(hub, "cnn/3.0.0/train-1.parquet",
+                {"id": ["d"], "article": ["A4"], "highlights": ["H4"]})
+    put_parquet(hub, "cnn/3.0.0/val.parquet", {"id": ["e", "f"], "article": ["V1", "V2"],
+                                               "highlights": ["W1", "W2"]})
+    files = {"train": ["train-0.parquet", "train-1.parquet"], "validation": ["val.parquet"]}
+    return {"base_url": hub.url("cnn/3.0.0"), "files": files, **FAST}
+
+
+def test_cnn_dailymail_maps_article_and_highlights_and_records_provenance(hub, tmp_path):
+    frames, meta = run("cnn_dailymail", cnn_shards(hub), tmp_path)
+    assert frames["train"].to_dict("list") == {"source": ["A1", "A2", "A3", "A4"],
+                                               "target": ["H1", "H2", "H3", "H4"]}
+    assert frames["validation"]["source"].tolist() == ["V1", "V2"]
+    assert (meta["source"], meta["task"], meta["rows"]) == ("cnn_dailymail", "summarization",
+                                                            {"train": 4, "validation": 2})
+    served = hub.root / "cnn/3.0.0/train-1.parquet"
+    record = next(f for f in meta["files"] if f["file"] == "train-1.parquet")
+    assert record["sha256"] == hashlib.sha256(served.read_bytes()).hexdigest()
+    assert record["url"] == hub.url("cnn/3.0.0/train-1.parquet")
+
+
+def test_second_run_uses_the_cache(hub, tmp_path):
+    options = cnn_shards(hub)
+    run("cnn_dailymail", options, tmp_path)
+    n_requests = len(hub.log)
+    run("cnn_dailymail", options, tmp_path)
+    assert len(hub.log) == n_requests == 3
+
+
+def test_max_rows_stops_before_downloading_later_shards(hub, tmp_path):
+    frames, _ = run("cnn_dailymail", {**cnn_shards(hub), "max_rows": 2}, tmp_path)
+    assert frames["train"]["source"].tolist() == ["A1", "A2"]
+    assert hub.requests_for("cnn/3.0.0/train-1.parquet") == []
+
+
+def test_pinned_sha256_mismatch_is_a_checksum_error(hub, tmp_path):
+    options = {**cnn_shards(hub), "sha256": {"val.parquet": "0" * 64}}
+    with pytest.raises(ChecksumError, match="val.parquet"):
+        run("cnn_dailymail", options, tmp_path)
+
+
+def test_pin_for_an_unknown_file_names_the_key(hub, tmp_path):
+    with pytest.raises(ValueError, match=r"data.cnn_dailymail.sha256.nope.parquet: not one of"):
+        run("cnn_dailymail", {**cnn_shards(hub), "sha256": {"nope.parquet": "0" * 64}}, tmp_path)
+
+
+def test_offline_source_error_points_to_cache_and_local(tmp_path):
+    options = {"base_url": closed_port_url("ts").rsplit("/", 1)[0], "retries": 0}
+    with pytest.raises(DownloadError, match=r"put it at .*cache.*input.txt.*`local`"):
+        run("tiny_shakespeare", options, tmp_path)
+
+
+def test_tiny_shakespeare_splits_speeches_contiguously(hub, tmp_path):
+    text = (FIXTURES / "tiny_shakespeare_input.txt").read_text()
+    put(hub, "ts/input.txt", text)
+    options = {"base_url": hub.url("ts"), "validation_fraction": 0.1, "test_fraction": 0.1, **FAST}
+    frames, meta = run("tiny_shakespeare", options, tmp_path)
+    speeches = split_paragraphs(text)
+    n = round(len(speeches) * 0.1)
+    assert [len(frames[s]) for s in ("validation", "test")] == [n, n]
+    assert sum((frames[s]["target"].tolist() for s in ("train", "validation", "test")), []) == speeches
+    assert set(frames["train"]["source"]) == {""}
+    assert meta["task"] == "language_modeling"
+
+
+def test_tiny_shakespeare_packs_speeches_up_to_doc_chars(hub, tmp_path):
+    text = (FIXTURES / "tiny_shakespeare_input.txt").read_text()
+    put(hub, "ts/input.txt", text)
+    options = {"base_url": hub.url("ts"), "doc_chars": 300, "validation_fraction": 0.2,
+               "test_fraction": 0.2, **FAST}
+    frames, _ = run("tiny_shakespeare", options, tmp_path)
+    docs = sum((frames[s]["target"].tolist() for s in ("train", "validation", "test")), [])
+    speeches = split_paragraphs(text)
+    assert "\n\n".join(docs) == "\n\n".join(speeches) and len(docs) < len(speeches)
+    assert all(len(d) <= 300 or d in speeches for d in docs)
+
+
+def test_tiny_shakespeare_too_few_documents_is_an_error(hub, tmp_path):
+    put(hub, "ts/input.txt", "A:\nHi.\n\nB:\nHo.\n")
+    with pytest.raises(ValueError, match="too few"):
+        run("tiny_shakespeare", {"base_url": hub.url("ts"), **FAST}, tmp_path)
+
+
+def tinystories(hub, n_train: int = 10) -> tuple[dict, list[str], list[str]]:
+    train = [f"Story {i}: a little fox found {i} red berries." for i in range(n_train)]
+    put(hub, "tiny/train.txt", "".join(f"{s}\n<|endoftext|>\n" for s in train))
+    valid_text = (FIXTURES / "tinystories_valid.txt").read_text()
+    put(hub, "tiny/valid.txt", valid_text)
+    valid = [s.strip() for s in valid_text.split("<|endoftext|>") if s.strip()]
+    options = {"base_url": hub.url("tiny"), "files": {"train": "train.txt", "validation": "valid.txt"}}
+    return {**options, **FAST}, train, valid
+
+
+def test_tinystories_splits_on_endoftext_and_carves_test_from_validation(hub, tmp_path):
+    options, train, valid = tinystories(hub)
+    frames, meta = run("tinystories", options, tmp_path)
+    assert frames["train"]["target"].tolist() == train
+    assert frames["validation"]["target"].tolist() + frames["test"]["target"].tolist() == valid
+    assert len(frames["test"]) == round(len(valid) * 0.5)
+    assert meta["rows"]["train"] == len(train)
+
+
+def test_tinystories_max_rows_and_no_test(hub, tmp_path):
+    options, train, valid = tinystories(hub)
+    frames, _ = run("tinystories", {**options, "max_rows": 4, "test_from_validation": 0}, tmp_path)
+    assert frames["train"]["target"].tolist() == train[:4]
+    assert frames["validation"]["target"].tolist() == valid[:4] and "test" not in frames
+
+
+def test_tinystories_max_bytes_downloads_a_prefix_and_drops_the_cut_story(hub, tmp_path):
+    options, train, valid = tinystories(hub, n_train=50)
+    cut = len("".join(f"{s}\n<|endoftext|>\n" for s in train[:7])) + 10  # inside story 7
+    frames, meta = run("tinystories", {**options, "max_bytes": cut}, tmp_path)
+    assert frames["train"]["target"].tolist() == train[:7]
+    assert hub.requests_for("tiny/train.txt") == [f"bytes=0-{cut - 1}"]
+    assert meta["files"][0]["max_bytes"] == cut
+    frames, _ = run("tinystories", options, tmp_path)  # the cached prefix is not the whole file
+    assert frames["train"]["target"].tolist() == train
+
+
+def put_iwslt(hub, pairs: list[dict]) -> dict:
+    for split in ("train", "validation"):
+        put_parquet(hub, f"iwslt/{split}/0000.parquet", {"translation": pairs})
+    files = {s: f"{s}/0000.parquet" for s in ("train", "validation")}
+    return {"base_url": hub.url("iwslt"), "files": files, **FAST}
+
+
+@pytest.mark.parametrize("direction", ["en-de", "de-en"])
+def test_iwslt2017_reads_translation_structs_in_either_direction(hub, tmp_path, direction):
+    pairs = [{"de": "Danke.", "en": "Thank you."}, {"de": "Hallo Welt.", "en": "Hello world."}]
+    frames, meta = run("iwslt2017", {**put_iwslt(hub, pairs), "direction": direction}, tmp_path)
+    src, tgt = direction.split("-")
+    assert frames["train"].to_dict("list") == {"source": [p[src] for p in pairs],
+                                               "target": [p[tgt] for p in pairs]}
+    assert (meta["task"], meta["direction"]) == ("translation", direction)
+
+
+def test_iwslt2017_rejects_rows_without_both_languages(hub, tmp_path):
+    options = put_iwslt(hub, [{"de": "Danke.", "en": None}])
+    with pytest.raises(ValueError, match="row 0: translation must hold"):
+        run("iwslt2017", options, tmp_path)
+
+
+@pytest.mark.parametrize("direction", ["en-de", "de-en"])
+def test_multi30k_reads_jsonl_pairs(hub, tmp_path, direction):
+    put(hub, "m30k/train.jsonl", (FIXTURES / "multi30k_train.jsonl").read_bytes())
+    put(hub, "m30k/val.jsonl", '{"en": "A cat sleeps.", "de": "Eine Katze schläft."}\n')
+    files = {"train": "train.jsonl", "validation": "val.jsonl"}
+    options = {"base_url": hub.url("m30k"), "files": files, "direction": direction, **FAST}
+    frames, _ = run("multi30k", options, tmp_path)
+    rows = [json.loads(line) for line in (FIXTURES / "multi30k_train.jsonl").read_text().splitlines()
+            if line.strip()]
+    src, tgt = direction.split("-")
+    assert frames["train"]["source"].tolist() == [r[src] for r in rows]
+    assert frames["train"]["target"].tolist() == [r[tgt] for r in rows]
+    cat = {"en": "A cat sleeps.", "de": "Eine Katze schläft."}
+    assert frames["validation"].to_dict("list") == {"source": [cat[src]], "target": [cat[tgt]]}
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_unknown_option_is_a_one_line_error_naming_the_key(name, tmp_path):
+    required = {"task": "translation", "paths": {"train": "x"}} if name == "local" else {}
+    options = {"bogus": 1, **required}
+    with pytest.raises(ValueError, match=rf"^data\.{name}\.bogus: unknown option") as info:
+        SOURCES[name].fetch(options, tmp_path / "cache", tmp_path / "raw")
+    assert "\n" not in str(info.value) and not (tmp_path / "raw").exists()
+
+
+def test_invalid_direction_names_the_key(tmp_path):
+    with pytest.raises(ValueError, match=r"data\.multi30k\.direction: .*'en-fr'"):
+        SOURCES["multi30k"].fetch({"direction": "en-fr"}, tmp_path, tmp_path / "raw")
+
+
+def test_registry_lists_every_source_with_task_fetch_and_strict_options():
+    assert set(SOURCES) == {"cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017",
+                            "multi30k", "local"}
+    for name, source in SOURCES.items():
+        assert source.task in (*TASKS, None) and callable(source.fetch)
+        assert source.Options.model_config["extra"] == "forbid"
+    with pytest.raises(ValueError, match="unknown source 'wikitext'"):
+        get_source("wikitext")
+
+
+def test_write_raw_rejects_bad_splits_and_values(tmp_path):
+    meta = {"source": "x", "task": "translation"}
+    with pytest.raises(ValueError, match="subset"):
+        write_raw(tmp_path, {"dev": {"source": ["a"], "target": ["b"]}}, meta)
+    with pytest.raises(ValueError, match=r"train.target\[1\]: expected a string"):
+        write_raw(tmp_path, {"train": {"source": ["a", "b"], "target": ["c", None]}}, meta)
+    with pytest.raises(ValueError, match="meta.task"):
+        write_raw(tmp_path, {"train": {"source": ["a"], "target": ["b"]}}, {"task": "chat"})

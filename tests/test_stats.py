@@ -1,0 +1,104 @@
+"""pipeline.stats against values computed here directly with numpy/scipy."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from pipeline.stats import higher_is_better, paired_delta, summarize
+
+
+def test_summary_matches_scipy_t_interval():
+    x = np.array([3.1, 2.9, 3.4, 3.05])
+    low, high = sps.t.interval(0.95, df=len(x) - 1, loc=x.mean(), scale=sps.sem(x))
+    s = summarize(list(x))
+    assert s.n == 4 and s.note == ""
+    assert s.mean == pytest.approx(x.mean())
+    assert (s.low, s.high) == (pytest.approx(low), pytest.approx(high))
+
+
+def test_summary_of_one_value_has_no_interval():
+    s = summarize([2.5])
+    assert (s.n, s.mean, s.half_width, s.low) == (1, 2.5, None, None)
+    assert s.note == "n=1: no interval"
+
+
+def test_summary_of_identical_values_has_zero_width_not_nan():
+    s = summarize([1.25, 1.25, 1.25])
+    assert s.mean == 1.25 and s.half_width == 0.0 and s.note == "zero variance"
+    assert not any(math.isnan(v) for v in (s.mean, s.half_width, s.low, s.high))
+
+
+def test_summary_of_nothing_is_missing_and_nonfinite_is_rejected():
+    s = summarize([])
+    assert (s.n, s.mean, s.half_width, s.note) == (0, None, None, "no data")
+    with pytest.raises(ValueError):
+        summarize([1.0, float("nan")])
+
+
+def test_paired_delta_matches_ttest_rel_and_interval_of_differences():
+    base = {0: 3.0, 1: 3.2, 2: 2.9, 3: 3.1}
+    var = {0: 3.3, 1: 3.4, 2: 3.3, 3: 3.25}
+    b, v = np.array(list(base.values())), np.array(list(var.values()))
+    d = v - b
+    low, high = sps.t.interval(0.95, df=len(d) - 1, loc=d.mean(), scale=sps.sem(d))
+    delta = paired_delta(var, base, higher_better=False)
+    assert delta.n == 4
+    assert delta.mean == pytest.approx(d.mean())
+    assert delta.half_width == pytest.approx((high - low) / 2)
+    assert delta.p_value == pytest.approx(sps.ttest_rel(v, b).pvalue)
+    assert delta.p_value < 0.05 and delta.verdict == "worse"  # loss went up
+
+
+def test_paired_delta_pairs_only_seeds_present_in_both():
+    base = {1: 1.0, 2: 2.0, 3: 3.5, 4: 9.0}
+    var = {0: -5.0, 1: 1.5, 2: 2.1, 3: 4.3}
+    delta = paired_delta(var, base, higher_better=True)
+    common = [1, 2, 3]
+    expected = sps.ttest_rel([var[s] for s in common], [base[s] for s in common]).pvalue
+    assert delta.n == 3
+    assert delta.mean == pytest.approx(np.mean([var[s] - base[s] for s in common]))
+    assert delta.p_value == pytest.approx(expected)
+
+
+def test_verdict_follows_metric_direction():
+    base = {s: float(s) for s in range(5)}
+    up = {s: base[s] + 1.0 + 0.05 * (-1) ** s for s in range(5)}
+    assert paired_delta(up, base, higher_better=True).verdict == "better"  # e.g. ROUGE up
+    assert paired_delta(up, base, higher_better=False).verdict == "worse"  # e.g. loss up
+    down = {s: base[s] - 1.0 + 0.05 * (-1) ** s for s in range(5)}
+    assert paired_delta(down, base, higher_better=False).verdict == "better"
+
+
+def test_noisy_difference_is_not_significant():
+    base = {0: 3.0, 1: 3.2, 2: 2.9}
+    var = {0: 3.1, 1: 3.0, 2: 3.05}
+    delta = paired_delta(var, base, higher_better=False)
+    assert delta.p_value >= 0.05
+    assert delta.verdict == "no significant difference at 5%"
+
+
+def test_identical_and_constant_differences_give_no_test_not_nan():
+    base = {0: 3.0, 1: 3.2, 2: 2.9}
+    same = paired_delta(dict(base), base, higher_better=False)
+    assert same.mean == 0.0 and same.p_value is None and same.half_width == 0.0
+    assert "zero variance" in same.verdict
+    shifted = paired_delta({s: v + 0.5 for s, v in base.items()}, base, higher_better=False)
+    assert shifted.mean == pytest.approx(0.5) and shifted.p_value is None
+    assert "constant difference" in shifted.verdict
+
+
+def test_one_or_no_paired_seed_gives_no_test():
+    one = paired_delta({0: 3.5, 1: 3.0}, {0: 3.0}, higher_better=False)
+    assert (one.n, one.mean, one.half_width, one.p_value) == (1, 0.5, None, None)
+    assert one.verdict == "n=1: no test"
+    none = paired_delta({1: 3.0}, {0: 3.0}, higher_better=False)
+    assert (none.n, none.mean, none.verdict) == (0, None, "no paired seeds")
+
+
+def test_metric_directions():
+    assert higher_is_better("rougeL") and higher_is_better("bleu") and higher_is_better("chrf")
+    assert not higher_is_better("val_loss") and not higher_is_better("val_ppl")
+    assert not higher_is_better("bits_per_token")
+    with pytest.raises(KeyError):
+        higher_is_better("n_decoded")
