@@ -1,1 +1,37 @@
-"""Hand-built Transformer (pure torch)."""
+"""Hand-built Transformer (pure torch): the paper's encoder-decoder and its ablations.
+
+Design: one validated `ModelConfig`; `build_model` is the only place config meets classes.
+Attention is written out by hand (`attention.scaled_dot_product_attention`) next to PyTorch's
+fused kernel, chosen once per module (`attention_impl`); heads run batched with fused q/k/v
+projections. Residual/norm placement lives in one wrapper (`layers.Sublayer`). Positions:
+sinusoidal, learned, RoPE, T5 relative bias or none. Architectures: encoder_decoder,
+decoder_only (source + bos + target as one sequence, loss on the target) and prefix_lm.
+Decoding (greedy / beam / sampling) runs on a KV cache, tested against full recomputation.
+Dropout sits where the paper puts it (embeddings, sublayer outputs) plus the FFN hidden layer;
+attention-weight dropout is a separate knob, off by default (the paper has none).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from model.config import ModelConfig
+from model.decoder_only import DecoderOnly
+from model.encoder_decoder import EncoderDecoder
+from model.transformer import TransformerBase
+
+__all__ = ["ModelConfig", "build_model", "TransformerBase", "EncoderDecoder", "DecoderOnly"]
+
+
+def build_model(cfg: ModelConfig | dict[str, Any]) -> TransformerBase:
+    """Build the model a config describes. A dict (e.g. "model_config" from model.pt) is
+    validated into a ModelConfig first; an unknown key is an error naming it."""
+    if isinstance(cfg, dict):
+        known = {f.name for f in dataclasses.fields(ModelConfig)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"ModelConfig has no field {unknown[0]!r}")
+        cfg = ModelConfig(**cfg)
+    if cfg.arch == "encoder_decoder":
+        return EncoderDecoder(cfg)
+    return DecoderOnly(cfg)

@@ -1,0 +1,136 @@
+"""Scaled dot-product attention (written out, and PyTorch's fused kernel) and multi-head attention.
+
+Masks follow torch.nn.functional.scaled_dot_product_attention: a bool `attn_mask` is True where a
+query may attend, a float one is added to the logits; both broadcast to (B, H, Lq, Lk).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+AttendFn = Callable[..., tuple[Tensor, Tensor | None]]
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T / sqrt(d) + mask) v, as in the paper (eq. 1).
+
+    q (B, H, Lq, Dh), k and v (B, H, Lk, Dh). Returns (output (B, H, Lq, Dh), weights (B, H, Lq, Lk));
+    the weights are before dropout, so they are the attention distribution.
+    """
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, Lq, Lk)
+    if is_causal:
+        lq, lk = scores.shape[-2:]
+        causal = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                    dropout_p: float = 0.0, is_causal: bool = False) -> tuple[Tensor, None]:
+    """PyTorch's fused kernel (flash / memory-efficient / math); same maths, no weights returned."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         is_causal=is_causal)
+    return out, None
+
+
+def combine_masks(mask: Tensor | None, bias: Tensor | None, causal: bool, q_start: int, q_len: int,
+                  k_len: int, device: torch.device) -> tuple[Tensor | None, bool]:
+    """Merge a bool mask, an additive bias and causality into one (attn_mask, is_causal) pair.
+
+    Computed once per stack forward, not per layer. Plain causal attention from an empty cache
+    stays a flag so the fused kernel can take its fastest path; queries starting at q_start > 0
+    (cached decoding) need an explicit mask aligned to the end of the keys.
+    """
+    if causal and q_start == 0 and q_len == k_len and mask is None and bias is None:
+        return None, True
+    if causal and q_len > 1:
+        q_pos = torch.arange(q_start, q_start + q_len, device=device)
+        causal_mask = torch.arange(k_len, device=device)[None, :] <= q_pos[:, None]  # (Lq, Lk)
+        mask = causal_mask if mask is None else mask & causal_mask
+    if bias is None:
+        return mask, False
+    if mask is None:
+        return bias, False
+    return bias.masked_fill(~mask, float("-inf")), False
+
+
+@dataclass
+class KVCache:
+    """Keys and values (B, H, L, Dh) of one attention layer, kept between decoding steps."""
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search reordering / expansion)."""
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """All heads in one batched computation; q/k/v from one fused projection (self-attention) or
+    a q projection plus a fused k/v projection (cross-attention)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool, impl: str,
+                 cross: bool = False) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim, self.cross, self.dropout = n_heads, d_model // n_heads, cross, dropout
+        if cross:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        # Chosen once here, never per call (the weights for attention maps use the manual path).
+        self.attend: AttendFn = fused_attention if impl == "sdpa" else scaled_dot_product_attention
+
+    def _split(self, x: Tensor, n: int) -> Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (n, B, H, L, Dh)
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False, rope: Callable[[Tensor, Tensor], Tensor] | None = None,
+                pos: Tensor | None = None, cache: KVCache | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, L, D) -> (B, L, D), plus weights (B, H, L, Lk) when need_weights.
+
+        Self-attention appends this call's keys/values to `cache`; cross-attention fills it from
+        `memory` on the first call and reuses it afterwards. `rope(t, pos)` rotates q and k.
+        """
+        b, length, d = x.shape
+        if self.cross:
+            q = self._split(self.q_proj(x), 1)[0]  # (B, H, L, Dh)
+            if cache is not None and cache.k is not None:
+                k, v = cache.k, cache.v
+            else:
+                k, v = self._split(self.kv_proj(memory), 2)  # each (B, H, S, Dh)
+                if cache is not None:
+                    cache.k, cache.v = k, v
+        else:
+            q, k, v = self._split(self.qkv_proj(x), 3)  # each (B, H, L, Dh)
+            if rope is not None:
+                q, k = rope(q, pos), rope(k, pos)
+            if cache is not None:
+                if cache.k is not None:
+                    k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(q.dtype)  # the fused kernel wants one dtype (autocast, bf16)
+        attend = scaled_dot_product_attention if need_weights else self.attend
+        dropout_p = self.dropout if self.training else 0.0
+        out, weights = attend(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+        out = out.transpose(1, 2).reshape(b, length, d)  # (B, L, H*Dh)
+        return self.out_proj(out), weights

@@ -1,0 +1,143 @@
+"""ModelConfig: the one validated description of a model; `build_model` is the only consumer.
+
+Defaults reproduce the base Transformer of "Attention Is All You Need" (Vaswani et al., 2017):
+encoder-decoder, post-norm LayerNorm, ReLU FFN, sinusoidal positions, residual connections,
+embeddings scaled by sqrt(d_model), source/target embeddings shared and tied to the output layer.
+Every other value of a switch is an ablation of that model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+
+ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")
+POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("post", "pre")
+FFNS = ("relu", "gelu", "silu", "swiglu")
+ATTENTION_IMPLS = ("manual", "sdpa")
+
+_CHOICES = {
+    "arch": ARCHS,
+    "positional": POSITIONALS,
+    "norm": NORMS,
+    "norm_position": NORM_POSITIONS,
+    "ffn": FFNS,
+    "attention_impl": ATTENTION_IMPLS,
+}
+
+
+@dataclass
+class ModelConfig:
+    """Hyperparameters and switches of the Transformer; validated on construction.
+
+    Layer-count rule: encoder_decoder uses n_encoder_layers + n_decoder_layers; decoder_only and
+    prefix_lm have a single stack of n_decoder_layers layers and ignore n_encoder_layers (to compare
+    at equal size, set n_decoder_layers in the ablation).
+    """
+
+    vocab_size: int = 8000  # one vocabulary for source and target (shared SentencePiece model)
+    d_model: int = 512  # residual stream width
+    n_heads: int = 8  # d_model must divide evenly; 1 is allowed (single-head ablation)
+    n_encoder_layers: int = 6  # encoder_decoder only
+    n_decoder_layers: int = 6  # the decoder, or the only stack for decoder_only / prefix_lm
+    d_ff: int = 2048  # FFN hidden width; swiglu uses round(2 * d_ff / 3) to keep the parameter count
+    dropout: float = 0.1  # on embeddings, sublayer outputs and the FFN hidden layer
+    # On attention weights. The paper has none (only residual and embedding dropout), and without
+    # it the fused attention kernel can take its flash path; nn.Transformer uses `dropout` here.
+    attention_dropout: float = 0.0
+    max_len: int = 512  # longest sequence (decoder_only: source + target) the positions cover
+    arch: str = "encoder_decoder"  # encoder_decoder | decoder_only | prefix_lm
+    positional: str = "sinusoidal"  # sinusoidal | learned | rope | relative | none
+    rope_theta: float = 10000.0  # RoPE base; larger = slower rotation, longer wavelengths
+    rel_buckets: int = 32  # T5 relative-bias buckets (half per direction when bidirectional)
+    rel_max_distance: int = 128  # distances beyond this share the last bucket
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_position: str = "post"  # post (paper) | pre (adds a final norm after each stack)
+    norm_eps: float = 1e-5  # matches torch.nn.LayerNorm / nn.Transformer
+    ffn: str = "relu"  # relu | gelu | silu | swiglu
+    residual: bool = True  # False removes every residual connection (ablation; hard to train deep)
+    attention_impl: str = "sdpa"  # sdpa (fused kernel) | manual (written-out math); same results
+    share_embeddings: bool = True  # one token table for encoder and decoder (no effect single-stack)
+    tie_output: bool = True  # output projection reuses the (target) token embedding
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model), as in the paper
+    bias: bool = True  # biases in linear layers and LayerNorm (False: slightly fewer params)
+    pad_id: int = 0
+    bos_id: int = 2  # starts tgt_in; also the source/target separator in decoder-only archs
+    eos_id: int = 3  # generation stops here
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"ModelConfig.{name} must be one of {list(choices)}, got {value!r}")
+        self._check_positive("vocab_size", "d_model", "n_heads", "n_decoder_layers", "d_ff",
+                             "max_len", "rel_buckets", "rel_max_distance")
+        if self.n_encoder_layers < 0:
+            raise ValueError(f"ModelConfig.n_encoder_layers must be >= 0, got {self.n_encoder_layers}")
+        if self.arch == "encoder_decoder" and self.n_encoder_layers < 1:
+            raise ValueError("ModelConfig.n_encoder_layers must be >= 1 for arch='encoder_decoder'")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"ModelConfig.d_model ({self.d_model}) must be divisible by "
+                             f"n_heads ({self.n_heads})")
+        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"ModelConfig.positional='rope' needs an even head size, got "
+                             f"d_model/n_heads = {self.d_model // self.n_heads}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps}")
+        if self.rel_buckets < 4:
+            raise ValueError(f"ModelConfig.rel_buckets must be >= 4, got {self.rel_buckets}")
+        if self.rel_max_distance < self.rel_buckets:
+            raise ValueError(f"ModelConfig.rel_max_distance ({self.rel_max_distance}) must be >= "
+                             f"rel_buckets ({self.rel_buckets})")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not 0 <= value < self.vocab_size:
+                raise ValueError(f"ModelConfig.{name} must be in [0, vocab_size={self.vocab_size}), "
+                                 f"got {value}")
+        for name in ("bos_id", "eos_id"):
+            if getattr(self, name) == self.pad_id:
+                raise ValueError(f"ModelConfig.{name} must differ from pad_id ({self.pad_id}): "
+                                 "padding is detected by id")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        """Hidden width of the FFN. SwiGLU has three matrices instead of two, so 2/3 of d_ff keeps
+        the parameter count equal (exactly when 3 divides 2*d_ff, else within rounding)."""
+        return max(1, round(2 * self.d_ff / 3)) if self.ffn == "swiglu" else self.d_ff
+
+    def _check_types(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            expected = hints[field.name]
+            value = getattr(self, field.name)
+            # bool is a subclass of int: reject True for an int field and 1 for a bool field.
+            if expected is bool:
+                ok = isinstance(value, bool)
+            elif expected is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif expected is float:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if ok:
+                    object.__setattr__(self, field.name, float(value))
+            else:
+                ok = isinstance(value, expected)
+            if not ok:
+                raise ValueError(f"ModelConfig.{field.name} must be {expected.__name__}, "
+                                 f"got {value!r} ({type(value).__name__})")
+
+    def _check_positive(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
