@@ -5,10 +5,14 @@ padding stays low and memory is bounded whatever the length mix. The order of an
 function of (seed, epoch): resuming needs only (epoch, index), and every variant trained with the
 same seed sees exactly the same batches, hence the same tokens.
 
-Language modelling: contiguous windows of `context + 1` tokens from the concatenated stream.
+Language modelling: contiguous windows of `context + 1` tokens from the concatenated stream. The
+stream is written once from the parquet shards into a flat token file (a cache keyed by the shards)
+and memory-mapped, so a corpus larger than RAM trains with nothing of it in the Python heap, and
+every run, rank and variant shares one copy through the OS page cache.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+
+from pipeline.atomic import atomic_path
 
 
 @dataclass
@@ -106,12 +112,55 @@ def collate(split: Split, idx: np.ndarray, pad_id: int, bos_id: int, eos_id: int
 
 
 def lm_stream(split: Split, eos_id: int) -> np.ndarray:
-    """All documents of a language-modelling split as one stream, each ended by eos."""
+    """All documents of a language-modelling split as one in-memory stream, each ended by eos."""
     parts = []
     for t in split.tgt:
         parts.append(t)
         parts.append(np.array([eos_id], dtype=t.dtype if len(t) else np.int32))
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def lm_token_file(shards: Path, manifest: dict, split: str, cache_dir: Path) -> np.ndarray:
+    """The split's documents as one stream (each ended by eos), memory-mapped read-only.
+
+    Same tokens as `lm_stream` over `load_split`. Built on the first call into
+    `cache_dir/<split>-<key>.tokens` (uint16 when the vocabulary fits, else int32); the key hashes
+    the manifest and each shard's size and mtime, so re-encoded shards get a new file.
+    """
+    shards, cache_dir = Path(shards), Path(cache_dir)
+    dtype = np.dtype(np.uint16 if manifest["vocab_size"] <= 2 ** 16 else np.int32)
+    files = [shards / name for name in manifest["splits"][split]["files"]]
+    try:
+        stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    except OSError as exc:
+        raise ValueError(f"{exc.filename}: shard listed in the manifest is missing") from exc
+    key = hashlib.sha256(json.dumps([manifest, stats, dtype.str], sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir / f"{split}-{key}.tokens"
+    if not path.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        (cache_dir / ".gitignore").write_text("*\n")  # a rebuildable cache, never committed
+        # Concurrent builders (DDP ranks, queued DVC experiments) each write a temp file and rename
+        # it into place; the contents are identical, so whichever rename lands last is fine.
+        with atomic_path(path) as tmp, open(tmp, "wb") as out:
+            for name in files:
+                for batch in pq.ParquetFile(name).iter_batches(batch_size=8192, columns=["tgt_ids"]):
+                    out.write(_with_eos(batch.column(0), manifest["eos_id"], dtype).tobytes())
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype)  # mmap cannot map an empty file
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _with_eos(docs, eos_id: int, dtype: np.dtype) -> np.ndarray:
+    """A list<int> arrow column as one flat array with eos after each document."""
+    values = docs.flatten().to_numpy(zero_copy_only=False)
+    lengths = np.diff(docs.offsets.to_numpy()) if len(docs) else np.zeros(0, dtype=np.int64)
+    out = np.empty(len(values) + len(docs), dtype=dtype)
+    eos_at = np.cumsum(lengths + 1) - 1
+    keep = np.ones(len(out), dtype=bool)
+    keep[eos_at] = False
+    out[eos_at] = eos_id
+    out[keep] = values
+    return out
 
 
 def lm_batches(stream_len: int, context: int, batch_size: int, seed: int, epoch: int,
@@ -125,8 +174,11 @@ def lm_batches(stream_len: int, context: int, batch_size: int, seed: int, epoch:
     return [starts[i:i + batch_size] for i in range(0, n_windows - batch_size + 1, batch_size)]
 
 
-def lm_collate(stream: np.ndarray, starts: np.ndarray, context: int, bos_id: int):
-    """(None, tgt_in, tgt_out): windows of the stream shifted by one."""
-    rows = np.stack([stream[s:s + context + 1] for s in starts])
+def lm_collate(stream: np.ndarray, starts: np.ndarray, context: int):
+    """(None, tgt_in, tgt_out): windows of `context + 1` stream tokens, shifted by one.
+
+    Only the rows of this batch are read from the (memory-mapped) stream.
+    """
+    rows = np.stack([np.asarray(stream[s:s + context + 1], dtype=np.int64) for s in starts])
     window = torch.from_numpy(rows)
     return None, window[:, :-1].contiguous(), window[:, 1:].contiguous()

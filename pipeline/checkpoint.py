@@ -1,8 +1,8 @@
 """Resumable checkpoints: written atomically, the last K kept, loaded with weights_only=True.
 
 A checkpoint holds everything a run needs to continue bit-for-bit: model, optimizer, schedule,
-gradient scaler, RNG states (python, numpy, torch, CUDA), data position and step, and the curve
-rows so far. It also holds a hash of the run's configuration: a checkpoint left by a run with other
+RNG states (python, numpy, torch, CUDA; one set per rank under DDP), data position and step, and
+the curve rows so far. Under DDP only rank 0 writes it and every rank resumes from it. It also holds a hash of the run's configuration: a checkpoint left by a run with other
 settings (the user edited params.yaml since) is never resumed from.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.atomic import atomic_path
+from pipeline.device import all_reduce, broadcast
 
 _NAME = re.compile(r"step-(\d{8})\.pt$")
 
@@ -69,14 +70,49 @@ def save(directory: Path, step: int, state: dict, keep: int) -> Path:
 
 def load_latest(directory: Path, expected_hash: str) -> dict | None:
     """The newest readable checkpoint made with the same configuration, or None."""
+    found = find_latest(directory, expected_hash)
+    return found[1] if found else None
+
+
+def find_latest(directory: Path, expected_hash: str) -> tuple[Path, dict] | None:
+    """(path, state) of the newest readable checkpoint made with the same configuration, or None."""
     for path in reversed(checkpoints(directory)):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = load(path)
         except Exception as exc:  # noqa: BLE001 - a damaged file: fall back to the one before
             print(f"warning: skipping unreadable checkpoint {path} ({exc})")
             continue
         if state.get("config_hash") == expected_hash:
-            return state
+            return path, state
         print(f"note: {path} was made with other settings; starting afresh")
         return None
     return None
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_for_ranks(directory: Path, expected_hash: str, device: torch.device) -> dict | None:
+    """`load_latest` for a (possibly distributed) run: rank 0 picks the file, every rank loads it.
+
+    Every rank learns together whether some rank could not read it (no shared filesystem), so
+    they all stop with the same error instead of some waiting forever on the others.
+    """
+    import torch.distributed as dist
+
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    found = find_latest(directory, expected_hash) if main else None
+    path = broadcast(str(found[0]) if found else None)
+    if path is None:
+        return None
+    state = found[1] if found else None
+    if state is None:
+        try:
+            state = load(Path(path))
+        except Exception:  # noqa: BLE001 - reported below, on every rank at once
+            state = None
+    if all_reduce([0.0 if state is None else 1.0], device, "min")[0] < 1:
+        raise ValueError(f"{path}: not readable on every rank (the checkpoint directory must be on a "
+                         "filesystem that all nodes share)")
+    return state

@@ -4,9 +4,16 @@ Fair budgets: the number of optimizer steps is fixed before training from the to
 walking the (deterministic) batch plan, so every variant trained with a seed consumes the same
 batches and exactly the same number of target tokens. Per-step host syncs are avoided: losses are
 summed on the device and read only at logging, evaluation and checkpoint boundaries.
+
+Data parallel (under torchrun): every rank walks the same plan; an optimizer step consumes the next
+grad_accum x world batches and rank r takes every world-th of them, starting at r. Losses are
+weighted by target tokens exactly as in gradient accumulation, so W ranks with accumulation A train
+the same steps on the same tokens as one process with accumulation A x W. Ranks talk only at
+logging, evaluation and checkpoint points (plus DDP's gradient all-reduce).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
@@ -19,7 +26,7 @@ import torch
 
 from pipeline import checkpoint
 from pipeline.batching import Split, collate, lm_batches, lm_collate, lm_stream, seq2seq_batches
-from pipeline.device import autocast, resolve_device
+from pipeline.device import Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device
 from pipeline.optim import make_optimizer, make_scheduler
 
 
@@ -29,22 +36,30 @@ class NonFiniteLoss(RuntimeError):
 
 @dataclass
 class Data:
-    """Training and validation data plus the batch plan, for either task."""
+    """Training and validation data plus the batch plan, for either task.
+
+    Language modelling reads `train_stream`/`val_stream` (memory-mapped token files from
+    `batching.lm_token_file`) when given, else concatenates the splits' documents in memory.
+    """
     task: str
-    train: Split
-    val: Split
+    train: Split | None
+    val: Split | None
     ids: dict  # pad_id, bos_id, eos_id
     batch_tokens: int
     batch_size: int
     context: int
     seed: int
+    train_stream: np.ndarray | None = None
+    val_stream: np.ndarray | None = None
     _cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.lm = self.task == "language_modeling"
         if self.lm:
-            self.train_stream = lm_stream(self.train, self.ids["eos_id"])
-            self.val_stream = lm_stream(self.val, self.ids["eos_id"])
+            if self.train_stream is None:
+                self.train_stream = lm_stream(self.train, self.ids["eos_id"])
+            if self.val_stream is None:
+                self.val_stream = lm_stream(self.val, self.ids["eos_id"])
 
     def epoch(self, epoch: int) -> list[np.ndarray]:
         if epoch not in self._cache:
@@ -73,26 +88,28 @@ class Data:
         return seq2seq_batches(subset, self.batch_tokens, 0, 0, shuffle=False)
 
 
-def plan_steps(data: Data, budget_tokens: int, budget_steps: int | None, grad_accum: int) -> tuple[int, int]:
-    """(optimizer steps, target tokens they consume) for the budget."""
+def plan_steps(data: Data, budget_tokens: int, budget_steps: int | None, per_step: int) -> tuple[int, int]:
+    """(optimizer steps, target tokens they consume) for the budget; `per_step` batches per step."""
     batches = tokens = epoch = 0
     while True:
         for idx in data.epoch(epoch):
-            if budget_steps is not None and batches >= budget_steps * grad_accum:
+            if budget_steps is not None and batches >= budget_steps * per_step:
                 return budget_steps, tokens
-            if budget_steps is None and tokens >= budget_tokens and batches % grad_accum == 0:
-                return batches // grad_accum, tokens
+            if budget_steps is None and tokens >= budget_tokens and batches % per_step == 0:
+                return batches // per_step, tokens
             tokens += data.target_tokens(idx)
             batches += 1
         epoch += 1
 
 
-def evaluate_loss(model, data: Data, batches: list[np.ndarray], device, use_autocast: bool) -> float:
+def evaluate_loss(model, data: Data, batches: list[np.ndarray], device, use_autocast: bool,
+                  cluster: Cluster = Cluster()) -> float:
+    """Mean loss per target token over `batches`; under DDP each rank takes its share."""
     model.eval()
     total = torch.zeros((), device=device, dtype=torch.float64)
     count = 0
     with torch.no_grad():
-        for idx in batches:
+        for idx in batches[cluster.rank::cluster.world]:
             src, tgt_in, tgt_out = (t.to(device) if t is not None else None for t in data.batch(idx, "val"))
             with autocast(device, use_autocast):
                 _, loss = model(src, tgt_in, tgt_out)
@@ -100,58 +117,84 @@ def evaluate_loss(model, data: Data, batches: list[np.ndarray], device, use_auto
             total += loss.double() * n
             count += n
     model.train()
-    return float(total) / max(count, 1)
+    total, count = all_reduce([float(total), count], device)
+    return total / max(count, 1)
 
 
-def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=None, log=print) -> dict:
+def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=None, log=print,
+          cluster: Cluster = Cluster()) -> dict:
     """Train `model` to the budget in `cfg` (the `train` section); return the final metrics."""
-    device = resolve_device(cfg["device"])
+    device = resolve_device(cfg["device"], cluster)
     use_autocast = device.type == "cuda"  # bf16 on GPU; float32 on CPU
-    random.seed(data.seed)
-    np.random.seed(data.seed)
-    torch.manual_seed(data.seed)
+    log = log if cluster.main else _silent
+    for seed_fn in (random.seed, np.random.seed, torch.manual_seed):
+        seed_fn(data.seed + cluster.rank)  # ranks draw different dropout masks
     model.to(device)
-    step_model = torch.compile(model) if cfg["compile"] and device.type == "cuda" else model
     optimizer = make_optimizer(model, cfg["lr"], cfg["betas"], cfg["eps"], cfg["weight_decay"], device)
-    total_steps, budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"], cfg["grad_accum"])
+    per_step = cfg["grad_accum"] * cluster.world
+    total_steps, budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"], per_step)
     scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"])
     val_batches = data.val_batches(cfg["eval_examples"])
-    s = {"step": 0, "tokens": 0, "epoch": 0, "index": 0, "train_rows": [], "val_rows": [], "elapsed": 0.0,
-         "pad": [0, 0]}
-    resumed = checkpoint.load_latest(ckpt_dir, run_hash)
+    s = {"step": 0, "tokens": 0, "epoch": 0, "index": 0, "train_rows": [], "val_rows": [], "elapsed": 0.0}
+    mine = {"loss_acc": [0.0, 0], "pad": [0, 0]}  # this rank's share, saved per rank
+    resumed = checkpoint.load_for_ranks(ckpt_dir, run_hash, device)
     if resumed is not None:
         model.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
         scheduler.load_state_dict(resumed["scheduler"])
-        checkpoint.set_rng_state(resumed["rng"])
+        ranks = resumed.get("ranks", [])
+        mine = ranks[cluster.rank] if len(ranks) == cluster.world else {
+            "rng": resumed["rng"], "loss_acc": resumed["loop"].get("loss_acc", [0.0, 0]),
+            "pad": resumed["loop"].get("pad", [0, 0])}
+        checkpoint.set_rng_state(mine["rng"])
         s = resumed["loop"]
         log(f"resumed from step {s['step']} ({ckpt_dir})")
-    log(f"training {total_steps} steps, {budget_tokens} target tokens, on {device}")
-    loss_sum = torch.tensor(s.get("loss_acc", [0.0, 0])[0], device=device)
-    loss_tokens, window_start, started = s.get("loss_acc", [0.0, 0])[1], s["step"], time.perf_counter() - s["elapsed"]
+    ddp = step_model = model
+    if cluster.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # No buffer sync in forward: the buffers are constants (position tables), and a collective
+        # inside forward would deadlock the unevenly sharded evaluation.
+        ddp = step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                                   forward_sync_buffers=False)
+    if cfg["compile"] and device.type == "cuda":
+        step_model = torch.compile(ddp)
+    eval_model = model if cluster.world > 1 else step_model
+    log(f"training {total_steps} steps, {budget_tokens} target tokens, on {device}"
+        + (f" x {cluster.world} ranks" if cluster.world > 1 else ""))
+    loss_sum = torch.tensor(mine["loss_acc"][0], device=device)
+    loss_tokens, pad = mine["loss_acc"][1], list(mine["pad"])
+    started = time.perf_counter() - s["elapsed"]
+    window_start, here = s["step"], (s["step"], time.perf_counter())  # `here`: this process's start, for ETA
     bad_step = torch.full((), -1, device=device, dtype=torch.long)
-    bar = _progress(total_steps, s["step"])
+    bar = _progress(total_steps, s["step"]) if cluster.main else None
     model.train()
     while s["step"] < total_steps:
         group = []
-        for _ in range(cfg["grad_accum"]):
+        for _ in range(per_step):
             batches = data.epoch(s["epoch"])
             group.append(batches[s["index"]])
             s["index"] += 1
             if s["index"] == len(batches):
                 s["epoch"], s["index"] = s["epoch"] + 1, 0
         group_tokens = sum(data.target_tokens(idx) for idx in group)
-        for idx in group:
+        shard = group[cluster.rank::cluster.world]
+        for i, idx in enumerate(shard):
             batch = data.batch(idx)
             # Padding is counted on the host copy, so it costs no device sync.
-            s["pad"][0] += sum(int((t == data.ids["pad_id"]).sum()) for t in batch[:2] if t is not None)
-            s["pad"][1] += sum(t.numel() for t in batch[:2] if t is not None)
+            pad[0] += sum(int((t == data.ids["pad_id"]).sum()) for t in batch[:2] if t is not None)
+            pad[1] += sum(t.numel() for t in batch[:2] if t is not None)
             src, tgt_in, tgt_out = (_to_device(t, device) for t in batch)
             n = data.target_tokens(idx)
-            with autocast(device, use_autocast):
-                _, loss = step_model(src, tgt_in, tgt_out)
-            (loss * (n / group_tokens)).backward()
+            # Gradients are all-reduced once per optimizer step, after the last micro-batch.
+            sync = ddp is model or i == len(shard) - 1
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                with autocast(device, use_autocast):
+                    _, loss = step_model(src, tgt_in, tgt_out)
+                # DDP averages gradients over ranks; x world turns that into the token-weighted sum.
+                (loss * (n * cluster.world / group_tokens)).backward()
             loss_sum += loss.detach().float() * n
+            loss_tokens += n
             bad_step = torch.where(~torch.isfinite(loss.detach()) & (bad_step < 0),
                                    torch.tensor(s["step"] + 1, device=device), bad_step)
         if cfg["clip_grad_norm"]:
@@ -161,46 +204,53 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         optimizer.zero_grad(set_to_none=True)
         s["step"] += 1
         s["tokens"] += group_tokens
-        loss_tokens += group_tokens
         last = s["step"] == total_steps
         if s["step"] % cfg["log_every"] == 0 or last:
-            _check_finite(bad_step)
-            train_loss = float(loss_sum) / max(loss_tokens, 1)
+            _check_finite(bad_step, device)
+            loss_total, tokens_total = all_reduce([float(loss_sum), loss_tokens], device)
+            train_loss = loss_total / max(tokens_total, 1)
             lr = scheduler.get_last_lr()[0]
             s["train_rows"].append([s["step"], s["tokens"], train_loss, lr])
-            elapsed = time.perf_counter() - started
-            tps = s["tokens"] / max(elapsed, 1e-9)
+            now = time.perf_counter()
+            tps = s["tokens"] / max(now - started, 1e-9)
+            eta = (total_steps - s["step"]) * (now - here[1]) / max(s["step"] - here[0], 1)
             if tracker:
                 tracker.log_metrics({"train_loss": train_loss, "lr": lr, "tokens": s["tokens"],
                                      "tokens_per_s": tps}, s["step"])
-            _report(bar, log, s["step"], total_steps, train_loss, lr, tps, s["step"] - window_start)
+            _report(bar, log, s["step"], total_steps, train_loss, lr, tps, eta, s["step"] - window_start)
             window_start = s["step"]
             loss_sum.zero_()
             loss_tokens = 0
         if s["step"] % cfg["eval_every"] == 0 or last:
-            val_loss = evaluate_loss(step_model, data, val_batches, device, use_autocast)
+            val_loss = evaluate_loss(eval_model, data, val_batches, device, use_autocast, cluster)
             s["val_rows"].append([s["step"], s["tokens"], val_loss])
             if tracker:
                 tracker.log_metrics({"val_loss": val_loss}, s["step"])
         if s["step"] % cfg["checkpoint_every"] == 0 and not last:
-            _check_finite(bad_step)
+            _check_finite(bad_step, device)
             s["elapsed"] = time.perf_counter() - started
-            s["loss_acc"] = [float(loss_sum), loss_tokens]  # a resumed run's next log row must match
-            checkpoint.save(ckpt_dir, s["step"], {
-                "config_hash": run_hash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": checkpoint.rng_state(), "loop": s,
-            }, cfg["keep_checkpoints"])
+            # Each rank's RNG, unlogged loss and padding counts, so a resumed run continues exactly.
+            ranks = all_gather({"rng": checkpoint.rng_state(), "loss_acc": [float(loss_sum), loss_tokens],
+                                "pad": list(pad)})
+            if cluster.main:
+                checkpoint.save(ckpt_dir, s["step"], {
+                    "config_hash": run_hash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "rng": ranks[0]["rng"], "ranks": ranks, "loop": s,
+                }, cfg["keep_checkpoints"])
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - started
+    if cluster.world > 1:
+        check_replicas_identical(model)
+    pad = all_reduce(pad, device)
     return {
         "steps": s["step"], "tokens_trained": s["tokens"], "budget_tokens": budget_tokens,
         "train_loss": s["train_rows"][-1][2] if s["train_rows"] else None,
         "val_loss": s["val_rows"][-1][2] if s["val_rows"] else None,
         "wall_time_s": wall, "tokens_per_s": s["tokens"] / max(wall, 1e-9),
-        "padding_ratio": s["pad"][0] / s["pad"][1] if s["pad"][1] else 0.0,
-        "processed_tokens_per_s": (s["pad"][1] - s["pad"][0]) / max(wall, 1e-9),  # source + target, no pad
-        "device": str(device), "resumed": resumed is not None,
+        "padding_ratio": pad[0] / pad[1] if pad[1] else 0.0,
+        "processed_tokens_per_s": (pad[1] - pad[0]) / max(wall, 1e-9),  # source + target, no pad, all ranks
+        "device": str(device), "world_size": cluster.world, "resumed": resumed is not None,
         "train_rows": s["train_rows"], "val_rows": s["val_rows"],
     }
 
@@ -213,23 +263,36 @@ def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | N
     return t
 
 
-def _check_finite(bad_step: torch.Tensor) -> None:
+def _check_finite(bad_step: torch.Tensor, device) -> None:
+    """Raise on every rank if any rank saw a non-finite loss (the earliest step is named)."""
     step = int(bad_step)
-    if step >= 0:
-        raise NonFiniteLoss(f"non-finite loss at step {step}; the last good checkpoint is kept")
+    step = all_reduce([step if step >= 0 else math.inf], device, "min")[0]
+    if step < math.inf:
+        raise NonFiniteLoss(f"non-finite loss at step {int(step)}; the last good checkpoint is kept")
 
 
-def _progress(total: int, initial: int):
-    if not sys.stderr.isatty():
+def _silent(*_args, **_kwargs) -> None:
+    pass
+
+
+def _progress(total: int, initial: int, stream=None):
+    """A tqdm bar on a terminal; None when stderr is a file or pipe (DVC, CI), which get log lines."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=stream)
 
 
-def _report(bar, log, step, total, loss, lr, tps, advanced) -> None:
+def _report(bar, log, step, total, loss, lr, tps, eta, advanced) -> None:
     if bar is not None:
-        bar.update(advanced)
+        bar.update(advanced)  # tqdm's own "elapsed<remaining" is the ETA
         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
     else:
-        log(f"step {step}/{total} loss {loss:.4f} lr {lr:.2e} tokens/s {tps:,.0f}")
+        log(f"step {step}/{total} loss {loss:.4f} lr {lr:.2e} tokens/s {tps:,.0f} ETA {_clock(eta)}")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -1,19 +1,24 @@
 """The training engine: fair budgets, determinism, exact resume after SIGKILL, the NaN guard."""
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from pipeline import trainer
-from pipeline.batching import load_split, read_manifest
+from pipeline.batching import lm_batches, lm_collate, lm_stream, lm_token_file, load_split, read_manifest
 from pipeline.optim import lr_factor, param_groups
 from pipeline.params import TrainParams
 from pipeline.train import build, run
@@ -25,7 +30,8 @@ TINY_MODEL = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_lay
 
 def tiny_train(**over) -> dict:
     cfg = TrainParams(budget_tokens=3000, batch_tokens=600, eval_every=5, eval_examples=16, log_every=2,
-                      checkpoint_every=4, warmup_steps=2, device="cpu").model_dump()
+                      checkpoint_every=4, warmup_steps=2, device="cpu",
+                      threads=1).model_dump()  # >1 thread on a busy 2-core machine is ~20x slower
     cfg.update(over)
     return cfg
 
@@ -61,9 +67,13 @@ def test_same_seed_same_metrics_different_seed_different(tiny_shards):
     assert a["val_loss"] != c["val_loss"]
 
 
-def test_outputs_and_checkpoints_load_with_weights_only(tiny_shards):
+def test_outputs_and_checkpoints_load_with_weights_only(tiny_shards, capsys):
     out, ckpt = tiny_shards / "o", tiny_shards / "co"
     metrics = run(tiny_shards / "shards", "v", 0, resolved(keep_checkpoints=2), "x", out, ckpt)
+    # Not a terminal: plain progress lines, each with the ETA.
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert len(lines) == -(-metrics["steps"] // 2)
+    assert all(re.search(r"loss [\d.]+ lr \S+ tokens/s [\d,]+ ETA \d+:\d\d:\d\d$", line) for line in lines)
     state = torch.load(out / "model.pt", weights_only=True)
     assert state["model_config"]["d_model"] == 32
     saved = sorted(ckpt.iterdir())
@@ -145,3 +155,82 @@ def test_sigkill_midway_then_rerun_equals_uninterrupted(tiny_shards, tmp_path):
     w = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)["state_dict"]
     k = torch.load(tmp_path / "killed" / "model.pt", weights_only=True)["state_dict"]
     assert w.keys() == k.keys() and all(torch.equal(w[n], k[n]) for n in w)
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_progress_bar_shows_loss_lr_throughput_and_eta():
+    assert trainer._progress(10, 0, io.StringIO()) is None  # a pipe or file gets log lines instead
+    screen = FakeTerminal()
+    bar = trainer._progress(10, 0, screen)
+    time.sleep(0.05)
+    trainer._report(bar, print, 4, 10, 1.2345, 3e-4, 5120.0, 9.0, 4)
+    bar.close()
+    last = screen.getvalue().split("\r")[-1]
+    assert "4/10" in last and "loss=1.2345" in last and "lr=3.00e-04" in last and "tok_s=5,120" in last
+    assert re.search(r"<\d\d:\d\d", last), last  # tqdm's remaining time, computed from the rate
+
+
+def lm_shards(path: Path, vocab: int = 60) -> Path:
+    """A tiny language-modelling shard set: two train shards, documents of 0..40 tokens."""
+    rng = np.random.default_rng(0)
+    path.mkdir(parents=True)
+    splits = {}
+    for split, sizes in {"train": (40, 35), "validation": (15,)}.items():
+        files = []
+        for i, n in enumerate(sizes):
+            docs = [rng.integers(4, vocab, rng.integers(0, 41)).tolist() for _ in range(n)]
+            pq.write_table(pa.table({"src_ids": pa.array([[]] * n, pa.list_(pa.int32())),
+                                     "tgt_ids": pa.array(docs, pa.list_(pa.int32()))}), path / f"{split}-{i:05d}.parquet")
+            files.append(f"{split}-{i:05d}.parquet")
+        splits[split] = {"files": files, "examples": sum(sizes), "src_tokens": 0, "tgt_tokens": 0}
+    (path / "manifest.json").write_text(json.dumps({
+        "task": "language_modeling", "vocab_size": vocab, "pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3,
+        "tokenizer_sha256": "test", "splits": splits}))
+    return path
+
+
+def test_lm_token_file_is_the_document_stream_memory_mapped_and_cached(tmp_path):
+    shards = lm_shards(tmp_path / "shards")
+    manifest = read_manifest(shards)
+    stream = lm_token_file(shards, manifest, "train", tmp_path / "cache")
+    assert isinstance(stream, np.memmap) and stream.dtype == np.uint16
+    assert np.array_equal(stream, lm_stream(load_split(shards, manifest, "train"), eos_id=3))
+    built = sorted((tmp_path / "cache").glob("train-*.tokens"))
+    assert len(built) == 1 and (tmp_path / "cache" / ".gitignore").read_text() == "*\n"
+    stamp = built[0].stat().st_mtime_ns
+    assert np.array_equal(lm_token_file(shards, manifest, "train", tmp_path / "cache"), stream)
+    assert built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
+    pq.write_table(pa.table({"src_ids": pa.array([[]], pa.list_(pa.int32())),
+                             "tgt_ids": pa.array([[5, 6, 7]], pa.list_(pa.int32()))}), shards / "train-00001.parquet")
+    changed = lm_token_file(shards, manifest, "train", tmp_path / "cache")  # re-encoded shard: a new file
+    assert len(list((tmp_path / "cache").glob("train-*.tokens"))) == 2 and changed[-4:].tolist() == [5, 6, 7, 3]
+
+
+def test_lm_windows_are_contiguous_disjoint_and_deterministic(tmp_path):
+    shards = lm_shards(tmp_path / "shards")
+    stream = lm_token_file(shards, read_manifest(shards), "train", tmp_path / "cache")
+    context, batch_size = 16, 4
+    plan = lm_batches(len(stream), context, batch_size, seed=1, epoch=0)
+    again = lm_batches(len(stream), context, batch_size, seed=1, epoch=0)
+    assert all(np.array_equal(a, b) for a, b in zip(plan, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(plan, lm_batches(len(stream), context, batch_size, 1, 1)))
+    starts = np.concatenate(plan)
+    assert len(set(starts.tolist())) == len(starts) and all(s % context == 0 for s in starts)  # disjoint windows
+    assert starts.max() + context + 1 <= len(stream)
+    _, tgt_in, tgt_out = lm_collate(stream, plan[0], context)
+    for row, start in enumerate(plan[0]):
+        assert tgt_in[row].tolist() == stream[start:start + context].tolist()
+        assert tgt_out[row].tolist() == stream[start + 1:start + context + 1].tolist()
+
+
+def test_language_modelling_trains_from_the_token_files(tmp_path):
+    shards = lm_shards(tmp_path / "shards")
+    cfg = resolved({"arch": "decoder_only"}, context=16, batch_size=4, budget_tokens=640, eval_examples=8)
+    metrics = run(shards, "lm", 0, cfg, "x", tmp_path / "out", tmp_path / "ckpt" / "lm-0")
+    assert metrics["tokens_trained"] == metrics["steps"] * 4 * 16 >= 640
+    assert np.isfinite(metrics["val_loss"]) and metrics["padding_ratio"] == 0.0
+    assert list((tmp_path / "ckpt" / ".token-cache").glob("*.tokens"))  # next to the checkpoints, shared by runs

@@ -1,0 +1,149 @@
+"""MLflow mirroring never blocks training: dead stores cost a warning and bounded time, never the DVC files."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import tracking
+from pipeline.tracking import Tracker, flatten
+from pipeline.train import run
+from test_trainer import resolved
+
+mlflow_tracking = pytest.importorskip("mlflow.tracking")  # imported once here, so timings exclude it
+
+
+@pytest.fixture(autouse=True)
+def tracking_on(monkeypatch):
+    monkeypatch.setenv("ABLATION_LAB_TRACKING", "1")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_tiny(tiny_shards: Path, tmp_path: Path) -> Path:
+    run(tiny_shards / "shards", "v", 0, resolved(budget_tokens=800), "abl-test", tmp_path / "out", tmp_path / "ckpt")
+    return tmp_path / "out"
+
+
+def assert_dvc_outputs_complete(out: Path) -> dict:
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "model.pt", "train.json", "train_curve.csv", "val_curve.csv"]
+    info = json.loads((out / "train.json").read_text())
+    assert info["val_loss"] is not None and info["tokens_trained"] >= 800
+    return info
+
+
+def test_flatten_nested_params():
+    tree = {"model": {"d_model": 64, "norm": {"eps": 1e-5}}, "seed": 0, "betas": [0.9, 0.98], "empty": {}}
+    assert flatten(tree) == {"model.d_model": 64, "model.norm.eps": 1e-5, "seed": 0, "betas": [0.9, 0.98],
+                             "empty": {}}
+
+
+class FakeClient:
+    def __init__(self, fail_on: str | None = None):
+        self.calls: list[tuple[str, int]] = []
+        self.fail_on = fail_on
+
+    def log_batch(self, run_id, metrics=(), params=()):
+        kind = "metrics" if metrics else "params"
+        self.calls.append((kind, len(metrics) or len(params)))
+        if kind == self.fail_on:
+            raise ConnectionError("store went away")
+
+    def set_terminated(self, run_id, status):
+        self.calls.append((status, 0))
+
+
+def fake_tracker(client: FakeClient, flush_every: int = 200) -> Tracker:
+    tracker = Tracker(flush_every=flush_every)
+    tracker._client, tracker.run_id = client, "r"
+    return tracker
+
+
+def test_metrics_are_buffered_and_sent_in_batches():
+    client = FakeClient()
+    tracker = fake_tracker(client, flush_every=300)
+    for step in range(350):  # 700 metrics: a request each time 300 are buffered, the rest at the end
+        tracker.log_metrics({"train_loss": 1.0, "lr": 0.1, "skipped": None}, step)
+    assert client.calls == [("metrics", 300), ("metrics", 300)]
+    tracker.end()
+    assert client.calls[2:] == [("metrics", 100), ("FINISHED", 0)]
+
+
+def test_large_buffers_and_params_are_split_into_bounded_requests():
+    client = FakeClient()
+    tracker = fake_tracker(client, flush_every=10_000)
+    tracker.log_params({f"k{i}": {"v": i} for i in range(250)})
+    for step in range(700):
+        tracker.log_metrics({"train_loss": 1.0}, step)
+    assert client.calls == [("params", 100), ("params", 100), ("params", 50)]  # nothing sent per step
+    tracker.flush()
+    assert client.calls[3:] == [("metrics", 500), ("metrics", 200)]
+
+
+def test_first_failure_warns_once_then_tracking_is_off(capsys):
+    client = FakeClient(fail_on="metrics")
+    tracker = fake_tracker(client, flush_every=2)
+    for step in range(10):
+        tracker.log_metrics({"a": 1.0, "b": 2.0}, step)
+    tracker.log_params({"x": 1})
+    tracker.end()
+    assert client.calls == [("metrics", 2)]  # nothing was sent after the failure
+    assert capsys.readouterr().err.count("warning: MLflow") == 1
+    assert not tracker.enabled
+
+
+def test_unreachable_server_costs_a_warning_not_the_run(tiny_shards, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed_port()}")
+    start = time.perf_counter()
+    Tracker().start("abl-test", "probe", {})
+    assert time.perf_counter() - start < 5  # refused connections are not retried for minutes
+    info = assert_dvc_outputs_complete(train_tiny(tiny_shards, tmp_path))
+    assert info["mlflow_run_id"] is None
+    assert capsys.readouterr().err.count("warning: MLflow start failed") == 2  # the probe, then the stage
+
+
+def test_stalled_server_is_bounded_by_retries_times_timeout(monkeypatch, capsys):
+    """A server that accepts connections but never answers: the worst case for a blocking client."""
+    assert (tracking.HTTP_RETRIES + 1) * tracking.HTTP_TIMEOUT_S <= 10  # the shipped bound, in seconds
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # the kernel completes handshakes; nobody ever reads or replies
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{server.getsockname()[1]}")
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(tracking.HTTP_RETRIES))
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # scaled down from HTTP_TIMEOUT_S to keep it fast
+        tracker = Tracker()
+        start = time.perf_counter()
+        tracker.start("abl-test", "stalled", {})
+        elapsed = time.perf_counter() - start
+    assert not tracker.enabled and "warning: MLflow start failed" in capsys.readouterr().err
+    assert elapsed < (tracking.HTTP_RETRIES + 1) * 1 + 3  # timeouts plus backoff jitter, not MLflow's 7 x 120 s
+
+
+def test_unwritable_sqlite_store_costs_a_warning_not_the_run(tiny_shards, tmp_path, monkeypatch, capsys):
+    (tmp_path / "in-the-way").write_text("a file where the store's directory should be")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'in-the-way' / 'mlflow.db'}")
+    info = assert_dvc_outputs_complete(train_tiny(tiny_shards, tmp_path))
+    assert info["mlflow_run_id"] is None
+    assert capsys.readouterr().err.count("warning: MLflow") == 1
+
+
+def test_working_store_mirrors_params_curves_and_files(tiny_shards, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default artifact root ./mlruns lands in tmp_path
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    info = assert_dvc_outputs_complete(train_tiny(tiny_shards, tmp_path))
+    client = mlflow_tracking.MlflowClient()
+    mirrored = client.get_run(info["mlflow_run_id"])
+    assert mirrored.info.status == "FINISHED"
+    assert mirrored.data.params["model.d_model"] == "32" and mirrored.data.tags["variant"] == "v"
+    curve = (tmp_path / "out" / "train_curve.csv").read_text().splitlines()[1:]
+    history = client.get_metric_history(info["mlflow_run_id"], "train_loss")
+    assert [(m.step, m.value) for m in history] == [(int(r.split(",")[0]), float(r.split(",")[2])) for r in curve]
+    assert {a.path for a in client.list_artifacts(info["mlflow_run_id"])} >= {"train.json", "train_curve.csv"}
