@@ -15,9 +15,10 @@ Language modelling, how it is measured:
 - bits_per_char = total test nats / ln 2 / characters of the decoded test text (each document
   decoded by the tokenizer, plus one character for the separator its eos stands for);
   bits_per_byte likewise over UTF-8 bytes. Unlike bits per token they compare across tokenizers.
-- Continuations: the first `PROMPT_TOKENS` (at most context / 2) tokens of the first test documents are fed causally
-  (as in training: no bos, which the LM stream never contains) and continued with the evaluate
-  settings (greedy or sample); reference = the document's true continuation.
+- Continuations: the first `evaluate.prompt_tokens` tokens (at most context / 2) of the first test
+  documents are fed causally, as in training (after the separating eos; no bos, which the LM
+  stream never contains), and continued with the evaluate settings (greedy or sample);
+  reference = the document's true continuation. Prompt + continuation stay within the context.
 """
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ import torch.nn.functional as F
 from pipeline import trainer
 from pipeline.atomic import atomic_path
 from pipeline.batching import Split, collate, load_split, read_manifest
+from pipeline.batching import lm_stream as training_stream
 from pipeline.device import resolve_device
 from pipeline.params import EvaluateParams, ParamsError, load_params
 from pipeline.tracking import Tracker
 
-PROMPT_TOKENS = 32  # LM continuations: tokens of each test document given as the prompt (at most context / 2)
+# (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
 ATTENTION_TOKENS = 64  # LM attention map: the first tokens of a validation document
 
 
@@ -106,8 +108,7 @@ def attention_example(model, split, ids: dict, sp, device: torch.device) -> dict
 # -- language modelling ------------------------------------------------------------------------
 def lm_stream(docs: list[np.ndarray], eos_id: int) -> np.ndarray:
     """[eos, doc 1, eos, doc 2, eos, ...]: the training stream, plus a leading eos."""
-    parts = [np.array([eos_id])] + [np.append(d.astype(np.int64), eos_id) for d in docs]
-    return np.concatenate(parts).astype(np.int64)
+    return np.concatenate([[eos_id], training_stream(Split(docs, docs), eos_id)]).astype(np.int64)
 
 
 @torch.no_grad()
@@ -133,15 +134,15 @@ def lm_nats(model, docs: list[np.ndarray], eos_id: int, context: int, batch_size
 
 def lm_metrics(model, val: Split, test: Split, sp, eos_id: int, context: int, batch_size: int,
                device: torch.device) -> dict:
-    metrics = {}
+    metrics, nats = {}, {}
     for split, name in ((val, "val"), (test, "test")):
-        nats, n = lm_nats(model, split.tgt, eos_id, context, batch_size, device)
-        metrics[f"{name}_loss"] = nats / max(n, 1)
+        nats[name], n = lm_nats(model, split.tgt, eos_id, context, batch_size, device)
+        metrics[f"{name}_loss"] = nats[name] / max(n, 1)
         metrics[f"{name}_ppl"] = math.exp(min(metrics[f"{name}_loss"], 50))
-    # `nats` is the test split's now
     texts = [sp.decode(d.tolist()) + "\n" for d in test.tgt]  # "\n": the separator eos predicts
-    metrics["bits_per_char"] = nats / math.log(2) / max(1, sum(map(len, texts)))
-    metrics["bits_per_byte"] = nats / math.log(2) / max(1, sum(len(t.encode("utf-8")) for t in texts))
+    bits = nats["test"] / math.log(2)
+    metrics["bits_per_char"] = bits / max(1, sum(map(len, texts)))
+    metrics["bits_per_byte"] = bits / max(1, sum(len(t.encode("utf-8")) for t in texts))
     return metrics
 
 
@@ -156,7 +157,8 @@ def pick_next(cfg: EvaluateParams, generator: torch.Generator):
             return logits.argmax(-1)
         logits = logits.float() / cfg.temperature
         if 0 < cfg.top_k < logits.shape[-1]:
-            logits = logits.masked_fill(logits < logits.topk(cfg.top_k, -1).values[:, -1:], float("-inf"))
+            kth = logits.topk(cfg.top_k, -1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
         if cfg.top_p < 1.0:
             sorted_logits, order = logits.sort(-1, descending=True)
             probs = sorted_logits.softmax(-1)
@@ -168,7 +170,8 @@ def pick_next(cfg: EvaluateParams, generator: torch.Generator):
 
 
 @torch.no_grad()
-def continue_prompts(model, prompts: torch.Tensor, max_new_tokens: int, pick, eos_id: int) -> list[list[int]]:
+def continue_prompts(model, prompts: torch.Tensor, max_new_tokens: int, pick,
+                     eos_id: int) -> list[list[int]]:
     """Feed prompts (B, P) one token at a time (causally, as in training; prefix_lm's bidirectional
     prefix would be a context it never trained on), then extend each row until eos."""
     state = model.start_decoding(prompts[:, :0])  # no source: the prompt is the decoder's history
@@ -191,7 +194,7 @@ def lm_samples(model, test: Split, sp, cfg: EvaluateParams, eos_id: int, context
                device: torch.device) -> list[dict]:
     """Continuations of the first test documents longer than the prompt; prompt + continuation
     stays within the training context (positions beyond it were never trained)."""
-    p = min(PROMPT_TOKENS, context // 2)  # short contexts (tests) still leave room to continue
+    p = min(cfg.prompt_tokens, context // 2)  # short contexts (tests) still leave room to continue
     docs = [d for d in test.tgt if len(d) > p][:cfg.n_samples]
     # Fed: eos + prompt + all but the last new token, so p + n_new positions in all.
     n_new = min(cfg.max_new_tokens, context - p, model.cfg.max_len - p)
@@ -237,7 +240,8 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
         metrics["n_decoded"] = len(predictions)
         samples = [{"source": s, "reference": r, "prediction": p}
                    for s, r, p in list(zip(sources, references, predictions))[:cfg.n_samples]]
-        attention = attention_example(model, load_split(shards, manifest, "validation", limit=1), ids, sp, device)
+        first_val = load_split(shards, manifest, "validation", limit=1)
+        attention = attention_example(model, first_val, ids, sp, device)
     metrics["bits_per_token"] = metrics["test_loss"] / math.log(2)
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)

@@ -98,6 +98,7 @@ class EvaluateParams(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
     n_samples: int = Field(5, ge=0)  # sample outputs shown in the report
+    prompt_tokens: int = Field(32, gt=0)  # language modelling: prompt length of the continuations
     batch_size: int = Field(32, gt=0)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import json
 
 from pipeline.atomic import atomic_path
 from pipeline.report_dvc import curve_tables, metrics_summary
+from pipeline.tracking import tracking_enabled, tracking_uri  # also bounds MLflow's HTTP retries
 from pipeline.report_figures import figure_blocks
 from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
 from pipeline.report_render import Paragraph, to_html, to_markdown
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 TITLE = "Ablation report"
 DEFAULT_EXPERIMENT = "ablation-lab"
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # same default as the train stage (pipeline.tracking)
 BUDGET_KEYS = ("budget_tokens", "budget_steps")
 
 
@@ -95,13 +94,15 @@ def link_runs(
     """Create a parent MLflow run holding `report_dir` as artifacts; make each run id its child.
 
     Sets `mlflow.parentRunId` (plus `run_tags[run_id]`, e.g. variant/seed) on every child. Tracking
-    URI: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the current directory. Returns the parent
+    URI: pipeline.tracking.tracking_uri() ($MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here). Returns the parent
     run id, or None when MLflow failed; failures are logged as warnings and never raised.
     """
+    if not tracking_enabled():
+        return None
     try:
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+        client = MlflowClient(tracking_uri=tracking_uri())
         exp = client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
         parent_id = client.create_run(exp_id, run_name="report", tags={"stage": "report"}).info.run_id

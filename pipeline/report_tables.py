@@ -18,9 +18,11 @@ from pipeline.stats import Delta, Summary, higher_is_better, paired_delta, summa
 MISSING = "—"
 BASE_METRICS = ("val_loss", "val_ppl", "test_loss", "test_ppl")
 ALWAYS_SHOWN = ("val_loss", "val_ppl")  # shown even when every run lacks them, so the gap is visible
-TASK_METRICS = ("rouge1", "rouge2", "rougeL", "bleu", "chrf", "bits_per_token", "bits_per_char")
+TASK_METRICS = ("rouge1", "rouge2", "rougeL", "bleu", "chrf", "bits_per_char", "bits_per_byte", "bits_per_token")
 # Task metric of the delta figure: the first present, i.e. the one each task usually leads with.
-MAIN_METRIC_PRIORITY = ("rougeL", "bleu", "bits_per_token", "bits_per_char", "rouge1", "rouge2", "chrf")
+# bits_per_token depends on the tokenizer, so the per-character/byte measures come first.
+MAIN_METRIC_PRIORITY = ("rougeL", "bleu", "bits_per_char", "bits_per_byte", "bits_per_token", "rouge1", "rouge2",
+                        "chrf")
 COMPONENT_ORDER = ("embeddings", "attention", "ffn", "norms", "other", "total")
 RUN_FILES = ("train.json", "train_curve.csv", "val_curve.csv", "eval.json", "samples.json", "attention.json")
 _RUN_FIELDS = ("train", "train_curve", "val_curve", "eval", "samples", "attention")

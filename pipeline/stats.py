@@ -22,7 +22,8 @@ ALPHA = 0.05  # two-sided test level and 1 - confidence of every interval in the
 
 # Direction of every metric the report knows; a metric not listed here is not reported.
 LOWER_IS_BETTER = frozenset(
-    {"val_loss", "val_ppl", "test_loss", "test_ppl", "train_loss", "bits_per_token", "bits_per_char"}
+    {"val_loss", "val_ppl", "test_loss", "test_ppl", "train_loss", "bits_per_token", "bits_per_char",
+     "bits_per_byte"}
 )
 HIGHER_IS_BETTER = frozenset({"rouge1", "rouge2", "rougeL", "bleu", "chrf"})
 

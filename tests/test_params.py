@@ -68,3 +68,8 @@ def test_unknown_variant_and_bad_ablation_value(tmp_path):
 def test_unreadable_params_file(tmp_path):
     with pytest.raises(ParamsError, match="cannot read"):
         load_params(tmp_path / "missing.yaml")
+
+
+def test_synthetic_preset_is_the_default_params():
+    # presets/synthetic.yaml lets users switch back to the default study; it must not drift.
+    assert load_params(ROOT / "presets" / "synthetic.yaml") == load_params(ROOT / "params.yaml")
