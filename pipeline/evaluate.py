@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         # Batch shapes come from the variant's own resolved training settings (written by train).
         t = json.loads((Path(args.run) / "config.json").read_text())["train"]
         torch.set_num_threads(t["threads"] or torch.get_num_threads())
+        torch.set_flush_denormal(True)  # as in training: denormals are slow on CPUs
         metrics = evaluate(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
                            params.evaluate, t["batch_tokens"], t["context"], t["batch_size"],
                            resolve_device(t["device"]))

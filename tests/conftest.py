@@ -16,6 +16,16 @@ from pipeline.train_bpe import train_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Test tensors are tiny: thread hand-offs cost more than the maths on a 2-core machine.
+    Stages started as subprocesses set their own thread count from params (train.threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

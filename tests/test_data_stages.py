@@ -34,7 +34,7 @@ def test_synthetic_summary_copies_facts_in_article_order():
 
 def test_synthetic_lengths_vary_beyond_the_default_filter():
     lengths = generate(500, 0).source.map(count_tokens)
-    assert lengths.min() < 40 and lengths.max() > 90  # the default filter keeps <= 90
+    assert lengths.min() < 40 and lengths.max() > 80  # the default filter keeps <= 80
 
 
 def test_filter_drops_long_examples_and_carves_splits():

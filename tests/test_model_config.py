@@ -9,15 +9,6 @@ import torch
 from model import ModelConfig, build_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: thread hand-offs cost more than the maths, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_defaults_are_the_paper_base_model():
     cfg = ModelConfig()
     assert (cfg.arch, cfg.norm, cfg.norm_position, cfg.ffn, cfg.positional) == (

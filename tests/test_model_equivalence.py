@@ -12,14 +12,6 @@ from model.attention import MultiHeadAttention
 from model.layers import AttentionInputs, Layer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: thread hand-offs cost more than the maths, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 D, H, FF = 16, 4, 32
 TOL = dict(atol=1e-10, rtol=1e-10)  # float64; the brief asks for 1e-5
 

@@ -12,14 +12,6 @@ from model.generate import decode_loop, _greedy_pick
 from model.transformer import DecodeState, TransformerBase
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: thread hand-offs cost more than the maths, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")
 POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
 V, PAD, BOS, EOS = 31, 0, 2, 3

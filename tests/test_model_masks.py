@@ -8,14 +8,6 @@ import torch
 from model import ModelConfig, build_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: thread hand-offs cost more than the maths, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")
 POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
 V, PAD, BOS = 29, 0, 2

@@ -9,15 +9,6 @@ import torch
 from model.positions import Rotary, relative_bucket, sinusoidal_table
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: thread hand-offs cost more than the maths, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_sinusoidal_table_matches_paper_formula():
     table = sinusoidal_table(50, 10)
     pos, i = 37, 3

@@ -10,14 +10,6 @@ from model import ModelConfig, build_model
 from model.config import ARCHS, ATTENTION_IMPLS, FFNS, NORM_POSITIONS, NORMS, POSITIONALS
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: thread hand-offs cost more than the maths, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 # Full product of the structural switches (480 cases). The five boolean-like switches (32
 # combinations) rotate across it so that every (arch, positional) pair meets all 32 of them and
 # their pairing with norm/ffn/residual changes from block to block.
