@@ -29,9 +29,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def make_optimizer(model: nn.Module, lr: float, betas, eps: float, weight_decay: float,
                    device: torch.device) -> torch.optim.AdamW:
-    fused = device.type == "cuda"  # the fused kernel exists for CUDA tensors only
+    # The fused kernel exists for CUDA tensors only. On CPU torch defaults to a Python loop over
+    # parameters; the multi-tensor (foreach) path does the same maths with far fewer kernel calls.
+    fused = device.type == "cuda"
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps,
-                             fused=fused)
+                             fused=fused, foreach=not fused)
 
 
 def lr_factor(step: int, schedule: str, warmup: int, total: int, floor: float) -> float:
