@@ -35,6 +35,7 @@ from pipeline.batching import lm_batches, lm_collate, lm_token_file, load_split,
 from pipeline.device import autocast, peak_flops, resolve_device
 from pipeline.optim import make_optimizer
 from pipeline.params import FilterParams, TrainBpeParams, TrainParams
+from pipeline.train import flops_per_target_token
 
 LOADER_TARGET = 20  # loader tokens/s over training tokens/s
 
@@ -128,8 +129,7 @@ def gpu_mfu(repeats: int, batch: int, steps: int) -> dict:
     torch.manual_seed(0)
     model = build_model(cfg).to(device).train()
     counts = model.param_counts()
-    # Training FLOPs per token: 6 x (non-embedding weights + the output projection) + attention (PaLM, App. B).
-    flops = 6 * (counts["total"] - counts["embeddings"] + V * cfg.d_model) + 12 * cfg.n_decoder_layers * cfg.d_model * T
+    flops = flops_per_target_token(model, cfg, 0.0, float(T))  # the train stage's own MFU formula
     peak, peak_source = peak_flops(device)
     tokens = torch.randint(4, V, (batch, T + 1), device=device)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -30,9 +30,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp.unlink()  # the caller decides whether a file or a directory goes here
     try:
         yield tmp
+        old = None
         if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+            # A directory cannot be replaced by one rename: move the old one aside first, so `path` is
+            # always the whole old output or the whole new one (or, for an instant, absent).
+            old = tmp.with_name(tmp.name + ".old")
+            os.replace(path, old)
         os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -2,8 +2,9 @@
 
 A checkpoint holds everything a run needs to continue bit-for-bit: model, optimizer, schedule,
 RNG states (python, numpy, torch, CUDA; one set per rank under DDP), data position and step, and
-the curve rows so far. Under DDP only rank 0 writes it and every rank resumes from it. It also holds a hash of the run's configuration: a checkpoint left by a run with other
-settings (the user edited params.yaml since) is never resumed from.
+the curve rows so far. Under DDP only rank 0 writes it and every rank resumes from it. It also
+holds a hash of the run's configuration and code: a checkpoint left by a run with other settings
+or other code (params.yaml or the training code edited since) is never resumed from.
 """
 from __future__ import annotations
 
@@ -68,14 +69,12 @@ def save(directory: Path, step: int, state: dict, keep: int) -> Path:
     return path
 
 
-def load_latest(directory: Path, expected_hash: str) -> dict | None:
-    """The newest readable checkpoint made with the same configuration, or None."""
-    found = find_latest(directory, expected_hash)
-    return found[1] if found else None
-
-
 def find_latest(directory: Path, expected_hash: str) -> tuple[Path, dict] | None:
-    """(path, state) of the newest readable checkpoint made with the same configuration, or None."""
+    """(path, state) of the newest readable checkpoint made with the same configuration, or None.
+
+    Checkpoints of other settings are skipped, not trusted: after a params or code edit the old
+    run's files may carry higher step numbers than the new run's own.
+    """
     for path in reversed(checkpoints(directory)):
         try:
             state = load(path)
@@ -84,9 +83,29 @@ def find_latest(directory: Path, expected_hash: str) -> tuple[Path, dict] | None
             continue
         if state.get("config_hash") == expected_hash:
             return path, state
-        print(f"note: {path} was made with other settings; starting afresh")
-        return None
     return None
+
+
+def discard_stale(directory: Path) -> None:
+    """Remove the checkpoints a fresh run cannot resume from (other settings, other code).
+
+    Called when no checkpoint matched: left in place, they would outrank the new run's own
+    checkpoints when the last K are kept, and an interrupted new run could not resume.
+    """
+    stale = checkpoints(directory)
+    if stale:
+        print(f"note: {len(stale)} checkpoint(s) in {directory} were made with other settings or code; "
+              "starting afresh")
+    for path in stale:
+        path.unlink(missing_ok=True)
+
+
+def source_hash(paths: list[Path]) -> str:
+    """Hash of the code that decides a run's result, so that a run never resumes across a code edit."""
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def load(path: Path) -> dict:
@@ -94,7 +113,7 @@ def load(path: Path) -> dict:
 
 
 def load_for_ranks(directory: Path, expected_hash: str, device: torch.device) -> dict | None:
-    """`load_latest` for a (possibly distributed) run: rank 0 picks the file, every rank loads it.
+    """`find_latest` for a (possibly distributed) run: rank 0 picks the file, every rank loads it.
 
     Every rank learns together whether some rank could not read it (no shared filesystem), so
     they all stop with the same error instead of some waiting forever on the others.
@@ -103,6 +122,8 @@ def load_for_ranks(directory: Path, expected_hash: str, device: torch.device) ->
 
     main = not dist.is_initialized() or dist.get_rank() == 0
     found = find_latest(directory, expected_hash) if main else None
+    if main and found is None:
+        discard_stale(directory)
     path = broadcast(str(found[0]) if found else None)
     if path is None:
         return None

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-# Dense bf16 peak FLOP/s by GPU name, from the vendors' data sheets (no sparsity).
-GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12,
+# Dense bf16 peak FLOP/s by GPU name, from the vendors' data sheets (no sparsity). The first key
+# found in the device name wins, so the PCIe/NVL boards come before the SXM default.
+GPU_PEAK_BF16 = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12,
                  "A10": 125e12, "L4": 121e12, "3090": 71e12}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.atomic import atomic_path, atomic_write_json
 from pipeline.fetch import default_cache_dir
-from pipeline.params import ParamsError, load_params
+from pipeline.params import ParamsError, load_params, stage_error
 from pipeline.sources import synthetic
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         cache = Path(data.cache_dir).expanduser() if data.cache_dir else default_cache_dir()
         download(data.source, options, cache, Path(args.out))
     except (ParamsError, ValueError, OSError) as exc:
-        raise SystemExit(f"download: {exc}")
+        raise stage_error("download", exc) from None
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from pipeline.atomic import atomic_path
-from pipeline.params import ParamsError, load_params
-from pipeline.train_bpe import file_sha256
+from pipeline.params import ParamsError, load_params, stage_error
+from pipeline.train_bpe import file_sha256, load_tokenizer
 
 SPLITS = ("train", "validation", "test")
 SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32()))])
@@ -56,7 +56,7 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
 
 def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int) -> dict:
     model_file = tokenizer_dir / "spm.model"
-    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    sp = load_tokenizer(tokenizer_dir)
     meta_path = data_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     manifest = {
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_params(args.params).encode
         encode(Path(args.data), Path(args.tokenizer), Path(args.out), cfg.shard_examples)
     except (ParamsError, ValueError, OSError) as exc:
-        raise SystemExit(f"encode: {exc}")
+        raise stage_error("encode", exc) from None
 
 
 if __name__ == "__main__":

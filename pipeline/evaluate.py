@@ -28,7 +28,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import sentencepiece as spm
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +36,8 @@ from pipeline.atomic import atomic_path
 from pipeline.batching import Split, collate, load_split, read_manifest
 from pipeline.batching import lm_stream as training_stream
 from pipeline.device import resolve_device
-from pipeline.params import EvaluateParams, ParamsError, load_params
+from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
+from pipeline.train_bpe import load_tokenizer
 from pipeline.tracking import Tracker
 
 # (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
@@ -220,7 +220,7 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
     manifest = read_manifest(shards)
     info = json.loads((run_dir / "train.json").read_text())
     model = load_model(run_dir, device)
-    sp = spm.SentencePieceProcessor(model_file=str(tokenizer / "spm.model"))
+    sp = load_tokenizer(tokenizer)
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
     task = manifest["task"]
     metrics = {"variant": info["variant"], "seed": info["seed"], "task": task}
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
                            params.evaluate, t["batch_tokens"], t["context"], t["batch_size"],
                            resolve_device(t["device"]))
     except (ParamsError, ValueError, OSError, KeyError) as exc:
-        raise SystemExit(f"evaluate: {exc}")
+        raise stage_error("evaluate", exc) from None
     if metrics["mlflow_run_id"]:
         tracker = Tracker()
         tracker.start(params.report.experiment, "", {"evaluated": "true"}, run_id=metrics["mlflow_run_id"])

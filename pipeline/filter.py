@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.atomic import atomic_path, atomic_write_json
-from pipeline.params import FilterParams, ParamsError, load_params
+from pipeline.params import FilterParams, ParamsError, load_params, stage_error
 
 SPLITS = ("train", "validation", "test")
 _PRETOKEN = re.compile(r"\w+|[^\w\s]")
@@ -50,22 +50,28 @@ def read_raw(raw_dir: Path) -> dict[str, pd.DataFrame]:
 
 
 def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Length filter + subsample per split, then carve missing validation/test splits from train."""
+    """Length filter + subsample per split, then carve missing validation/test splits from train.
+
+    Per split the stats add up: raw = dropped_length + dropped_subsample + kept + moved to other
+    splits. Length percentiles are given for the raw examples and for the kept ones.
+    """
     rng = np.random.default_rng(cfg.seed)
     kept, stats = {}, {"splits": {}}
-    all_src, all_tgt = [], []
+    raw_len = {"source": [], "target": []}
     for split, frame in frames.items():
         src_len = frame["source"].map(count_tokens)
         tgt_len = frame["target"].map(count_tokens)
-        all_src.append(src_len)
-        all_tgt.append(tgt_len)
+        raw_len["source"].append(src_len)
+        raw_len["target"].append(tgt_len)
         ok = src_len.between(cfg.min_source_tokens, cfg.max_source_tokens) & \
             tgt_len.between(cfg.min_target_tokens, cfg.max_target_tokens)
         frame = frame[ok.to_numpy()]
+        by_length = int((~ok).sum())
         if cfg.subsample < 1.0:
             frame = frame[rng.random(len(frame)) < cfg.subsample]
         kept[split] = frame.reset_index(drop=True)
-        stats["splits"][split] = {"raw": int(len(ok)), "kept": int(len(frame)), "dropped": int(len(ok) - len(frame))}
+        stats["splits"][split] = {"raw": int(len(ok)), "dropped_length": by_length,
+                                  "dropped_subsample": int(ok.sum()) - len(frame), "kept": len(frame)}
     missing = [s for s in ("validation", "test") if s not in kept]
     if missing:
         train = kept["train"].iloc[rng.permutation(len(kept["train"]))].reset_index(drop=True)
@@ -74,15 +80,19 @@ def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[d
         for split in missing:
             n = int(round(len(train) * fractions[split]))
             kept[split] = train.iloc[start:start + n].reset_index(drop=True)
-            stats["splits"][split] = {"raw": 0, "kept": n, "dropped": 0, "carved_from_train": True}
+            stats["splits"][split] = {"raw": 0, "dropped_length": 0, "dropped_subsample": 0, "kept": n,
+                                      "from_train": n}
+            stats["splits"]["train"][f"to_{split}"] = n
             start += n
         kept["train"] = train.iloc[start:].reset_index(drop=True)
         stats["splits"]["train"]["kept"] = len(kept["train"])
     for split in SPLITS:
         if kept.get(split) is None or kept[split].empty:
             raise ValueError(f"filter: split {split!r} is empty after filtering; loosen the filter limits")
-    stats["source_len_percentiles"] = percentiles(pd.concat(all_src))
-    stats["target_len_percentiles"] = percentiles(pd.concat(all_tgt))
+    stats["length_percentiles"] = {
+        side: {"raw": percentiles(pd.concat(raw_len[side])),
+               "kept": percentiles(pd.concat([kept[split][side] for split in SPLITS]).map(count_tokens))}
+        for side in ("source", "target")}
     stats["limits"] = cfg.model_dump()
     return kept, stats
 
@@ -106,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
                 shutil.copy(raw / "meta.json", tmp / "meta.json")
         atomic_write_json(args.metrics, stats)
     except (ParamsError, ValueError, OSError) as exc:
-        raise SystemExit(f"filter: {exc}")
+        raise stage_error("filter", exc) from None
 
 
 if __name__ == "__main__":

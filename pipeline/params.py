@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 class ParamsError(ValueError):
     """A params.yaml problem; its message names the offending key."""
+
+
+def stage_error(stage: str, exc: BaseException) -> SystemExit:
+    """The one line a stage exits with on bad input: the stage, then the error's first line."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return SystemExit(f"{stage}: {lines[0]}")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-5` (no dot) as a string; DVC (YAML 1.2) and users read a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
+               r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 class Section(BaseModel):
@@ -151,7 +173,7 @@ def _error_line(exc: ValidationError, source: str) -> str:
 def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = read_yaml(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ParamsError(f"{path}: cannot read: {exc}".splitlines()[0]) from exc
     if not isinstance(raw, dict):

@@ -196,25 +196,34 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
 
 
 def data_blocks(filter_metrics: dict | None, path: Path) -> list[Block]:
-    """Kept/dropped examples per split and length percentiles, from the filter stage's metrics."""
+    """Examples per split (raw, dropped, moved, kept) and length percentiles, from the filter stage."""
     blocks: list[Block] = [Heading("Data")]
     if filter_metrics is None:
         return blocks + [Paragraph(f"Filter metrics not available: {path} is missing.")]
     splits = filter_metrics.get("splits") if isinstance(filter_metrics.get("splits"), dict) else {}
     rows = []
     for split, counts in splits.items():
-        kept, dropped = number(counts, "kept"), number(counts, "dropped")
-        share = dropped / (kept + dropped) if kept is not None and dropped is not None and kept + dropped else None
-        rows.append([split, fmt_int(kept), fmt_int(dropped), MISSING if share is None else f"{share:.1%}"])
-    blocks.append(Table(["split", "kept", "dropped", "dropped %"], rows or [[MISSING] * 4],
-                        f"Examples kept by the filter stage ({path})"))
+        raw, kept = number(counts, "raw"), number(counts, "kept")
+        by_length, by_sample = number(counts, "dropped_length"), number(counts, "dropped_subsample")
+        share = by_length / raw if by_length is not None and raw else None
+        moved = [f"{'+' if key == 'from_train' else '−'}{fmt_int(number(counts, key))} {label}"
+                 for key, label in (("from_train", "from train"), ("to_validation", "to validation"),
+                                    ("to_test", "to test")) if number(counts, key)]
+        rows.append([split, fmt_int(raw), fmt_int(by_length), MISSING if share is None else f"{share:.1%}",
+                     fmt_int(by_sample), ", ".join(moved) or "none", fmt_int(kept)])
+    blocks.append(Table(["split", "raw", "dropped by length", "dropped %", "dropped by subsample", "moved",
+                         "kept"], rows or [[MISSING] * 7], f"Examples through the filter stage ({path})"))
     pct_keys = ("p50", "p90", "p99", "max")
+    lengths = filter_metrics.get("length_percentiles")
+    lengths = lengths if isinstance(lengths, dict) else {}
     len_rows = []
     for side in ("source", "target"):
-        pct = filter_metrics.get(f"{side}_len_percentiles")
-        pct = pct if isinstance(pct, dict) else None
-        len_rows.append([side] + [fmt(number(pct, k)) for k in pct_keys])
-    blocks.append(Table(["sequence"] + list(pct_keys), len_rows, "Length percentiles after filtering"))
+        for stage, label in (("raw", "before filtering"), ("kept", "kept")):
+            pct = (lengths.get(side) or {}).get(stage) if isinstance(lengths.get(side), dict) else None
+            pct = pct if isinstance(pct, dict) else None
+            len_rows.append([side, label] + [fmt(number(pct, k)) for k in pct_keys])
+    blocks.append(Table(["sequence", "examples"] + list(pct_keys), len_rows,
+                        "Lengths in pre-tokens (words and punctuation), the unit of the filter's limits"))
     return blocks
 
 

@@ -109,8 +109,14 @@ def paired_delta(
     if len(seeds) == 1:
         return Delta(1, summary.mean, None, None, "n=1: no test")
     if _zero_variance(d):
-        reason = "identical values: no test" if np.all(d == 0) else "constant difference: no test"
-        return Delta(len(seeds), summary.mean, 0.0, None, f"{reason} (zero variance)")
+        # No t statistic exists, but the answer is still plain: equal in every seed, or the same
+        # shift in every seed.
+        if np.all(d == 0):
+            verdict = f"no significant difference at {alpha:.0%} (identical values, zero variance: no test)"
+        else:
+            direction = "better" if (summary.mean > 0) == higher_better else "worse"
+            verdict = f"{direction} (constant difference in every seed, zero variance: no test)"
+        return Delta(len(seeds), summary.mean, 0.0, None, verdict)
     p = float(sps.ttest_rel(v, b).pvalue)
     if p >= alpha:
         verdict = f"no significant difference at {alpha:.0%}"

@@ -22,10 +22,16 @@ import torch
 from pipeline import trainer
 from pipeline.atomic import atomic_path
 from pipeline.batching import lm_token_file, load_split, read_manifest
-from pipeline.checkpoint import config_hash
+from pipeline.checkpoint import config_hash, source_hash
 from pipeline.device import join_cluster, leave_cluster, peak_flops, resolve_device
-from pipeline.params import ParamsError, load_params, resolve_variant
+from pipeline.params import ParamsError, load_params, resolve_variant, stage_error
 from pipeline.tracking import Tracker, git_revision
+
+
+# The code a checkpoint is only valid for: the model and the train stage's own modules (its DVC deps).
+_HERE = Path(__file__).resolve().parent
+TRAINING_CODE = sorted((_HERE.parent / "model").glob("*.py")) + [
+    _HERE / f"{name}.py" for name in ("train", "trainer", "batching", "optim", "checkpoint", "device")]
 
 
 def build(model_section: dict, manifest: dict):
@@ -47,10 +53,26 @@ def csv_text(header: list[str], rows: list[list]) -> str:
     return buf.getvalue()
 
 
-def flops_per_token(counts: dict, cfg, mean_len: float) -> float:
-    """Training FLOPs per processed token: 6N (non-embedding weights) + attention scores and mixing."""
-    layers = cfg.n_encoder_layers + cfg.n_decoder_layers if cfg.arch == "encoder_decoder" else cfg.n_decoder_layers
-    return 6 * (counts["total"] - counts["embeddings"]) + 12 * layers * cfg.d_model * mean_len
+def flops_per_target_token(model, cfg, mean_src: float, mean_tgt: float) -> float:
+    """Training FLOPs (forward + backward) per target token, the unit of the token budget.
+
+    6 x weights a token passes through (PaLM, App. B) + 12 x d_model x keys attended per layer.
+    Encoder weights see the source tokens, decoder weights and the output projection the target
+    tokens; a decoder-only model runs source and target through one stack. Approximations: the
+    cross-attention key/value projections are counted per target token; norms count as weights.
+    """
+    def weights(stack) -> int:
+        return sum(p.numel() for p in stack.parameters())
+
+    d, src_per_tgt = cfg.d_model, mean_src / max(mean_tgt, 1.0)
+    head = 6 * d * cfg.vocab_size  # logits are computed for target positions only
+    if cfg.arch == "encoder_decoder":
+        encoder = (6 * weights(model.encoder) + 12 * cfg.n_encoder_layers * d * mean_src) * src_per_tgt
+        decoder = 6 * weights(model.decoder) + 12 * cfg.n_decoder_layers * d * (mean_tgt + mean_src)
+        return encoder + decoder + head
+    length = mean_src + mean_tgt  # one sequence: source then target
+    per_token = 6 * weights(model.decoder) + 12 * cfg.n_decoder_layers * d * length
+    return per_token * (1 + src_per_tgt) + head
 
 
 def run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
@@ -89,7 +111,8 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
                             val=load_split(shards, manifest, "validation", limit=tcfg["eval_examples"] * 64),
                             ids=ids, batch_tokens=tcfg["batch_tokens"], batch_size=tcfg["batch_size"],
                             context=tcfg["context"], seed=seed)
-    key = {"resolved": resolved, "seed": seed, "tokenizer": manifest["tokenizer_sha256"], "splits": manifest["splits"]}
+    key = {"resolved": resolved, "seed": seed, "tokenizer": manifest["tokenizer_sha256"], "splits": manifest["splits"],
+           "code": source_hash(TRAINING_CODE)}
     if cluster.world > 1:
         key["world_size"] = cluster.world  # the plan per step depends on it; single-process hashes unchanged
     run_hash = config_hash(key)
@@ -105,8 +128,11 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         tracker.end("FAILED")
         raise
     counts = model.param_counts()
-    mean_len = tcfg["context"] if data.lm else sum(len(s) + len(t) + 1 for s, t in zip(
-        train_split.src, train_split.tgt)) / max(1, len(train_split.src))
+    if data.lm:
+        mean_src, mean_tgt = 0.0, float(tcfg["context"])
+    else:  # target side as trained: the tokens plus BOS (input) / EOS (label)
+        n = max(1, len(train_split.src))
+        mean_src, mean_tgt = sum(map(len, train_split.src)) / n, sum(map(len, train_split.tgt)) / n + 1
     metrics = {
         "variant": variant, "seed": seed, "params_total": counts["total"], "params_by_component": counts,
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
@@ -114,7 +140,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     if not cluster.main:
         return metrics
     peak, peak_source = peak_flops(resolve_device(tcfg["device"], cluster))  # one device's peak
-    achieved = flops_per_token(counts, cfg, mean_len) * result["processed_tokens_per_s"]
+    achieved = flops_per_target_token(model, cfg, mean_src, mean_tgt) * result["tokens_per_s"]
     metrics.update(achieved_flops_per_s=achieved, peak_flops_per_s=peak, peak_source=peak_source,
                    mfu=achieved / (peak * cluster.world) if peak else None)
     with atomic_path(out) as tmp:
@@ -147,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics = run(Path(args.shards), args.variant, args.seed, resolved, params.report.experiment,
                       Path(args.out), Path(args.checkpoints))
     except (ParamsError, ValueError, OSError, trainer.NonFiniteLoss) as exc:
-        raise SystemExit(f"train: {exc}")
+        raise stage_error("train", exc) from None
     if int(os.environ.get("RANK", "0")) == 0:  # torchrun: one summary line, not one per rank
         print(f"{args.variant}-{args.seed}: val_loss {metrics['val_loss']:.4f}, "
               f"{metrics['tokens_trained']} target tokens in {metrics['wall_time_s']:.1f} s")

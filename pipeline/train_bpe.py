@@ -15,7 +15,7 @@ import pandas as pd
 import sentencepiece as spm
 
 from pipeline.atomic import atomic_path
-from pipeline.params import ParamsError, TrainBpeParams, load_params
+from pipeline.params import ParamsError, TrainBpeParams, load_params, stage_error
 
 
 def write_corpus(train_parquet: Path, corpus: Path) -> int:
@@ -51,6 +51,17 @@ def train_tokenizer(train_parquet: Path, out_dir: Path, cfg: TrainBpeParams) -> 
         corpus.unlink()
 
 
+def load_tokenizer(directory: Path) -> spm.SentencePieceProcessor:
+    """The stage's SentencePiece model; a missing or damaged file is a ValueError naming it."""
+    model_file = Path(directory) / "spm.model"
+    if not model_file.is_file():
+        raise ValueError(f"{model_file}: no tokenizer here (run the train_bpe stage first)")
+    try:
+        return spm.SentencePieceProcessor(model_file=str(model_file))
+    except (RuntimeError, OSError) as exc:
+        raise ValueError(f"{model_file}: not a readable SentencePiece model ({str(exc).splitlines()[0]})") from exc
+
+
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -65,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_params(args.params).train_bpe
         train_tokenizer(Path(args.data) / "train.parquet", Path(args.out), cfg)
     except (ParamsError, ValueError, OSError, RuntimeError) as exc:
-        raise SystemExit(f"train_bpe: {str(exc).splitlines()[0]}")
+        raise stage_error("train_bpe", exc) from None
 
 
 if __name__ == "__main__":

@@ -195,8 +195,8 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
                 (loss * (n * cluster.world / group_tokens)).backward()
             loss_sum += loss.detach().float() * n
             loss_tokens += n
-            bad_step = torch.where(~torch.isfinite(loss.detach()) & (bad_step < 0),
-                                   torch.tensor(s["step"] + 1, device=device), bad_step)
+            # In place with a Python scalar: building a tensor on the GPU here would sync every step.
+            bad_step.masked_fill_(~torch.isfinite(loss.detach()) & (bad_step < 0), s["step"] + 1)
         if cfg["clip_grad_norm"]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad_norm"])
         optimizer.step()

@@ -40,10 +40,16 @@ def test_synthetic_lengths_vary_beyond_the_default_filter():
 def test_filter_drops_long_examples_and_carves_splits():
     raw = {"train": pd.DataFrame({"source": ["a b c"] * 80 + ["word " * 50] * 20, "target": ["x y"] * 100})}
     kept, stats = filter_splits(raw, FilterParams(max_source_tokens=10, val_fraction=0.1, test_fraction=0.2))
-    assert stats["splits"]["train"]["dropped"] == 20
+    train = stats["splits"]["train"]
+    assert train["dropped_length"] == 20 and train["dropped_subsample"] == 0
     assert len(kept["validation"]) == 8 and len(kept["test"]) == 16 and len(kept["train"]) == 56
+    assert train["to_validation"] == 8 and train["to_test"] == 16 and train["kept"] == 56
+    assert train["raw"] == train["dropped_length"] + train["kept"] + train["to_validation"] + train["to_test"]
+    assert stats["splits"]["validation"] == {"raw": 0, "dropped_length": 0, "dropped_subsample": 0, "kept": 8,
+                                             "from_train": 8}
     assert all(count_tokens(s) <= 10 for split in kept.values() for s in split.source)
-    assert stats["source_len_percentiles"]["max"] == 50
+    assert stats["length_percentiles"]["source"]["raw"]["max"] == 50
+    assert stats["length_percentiles"]["source"]["kept"]["max"] == 3
 
 
 def test_filter_subsample_is_seeded():

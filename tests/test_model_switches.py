@@ -48,7 +48,8 @@ def test_every_switch_combination_trains_one_step(i):
     loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name  # no dead or broken part
-    assert sum(p.numel() for p in model.parameters()) == model.param_counts()["total"]
+    # Every parameter lands in a named component; only the relative-position bias is "other".
+    assert (model.param_counts()["other"] > 0) == (cfg.positional == "relative")
 
 
 def test_every_flag_value_is_covered():
@@ -113,3 +114,19 @@ def test_param_counts_follow_the_switches():
     assert count(norm="rmsnorm")["norms"] == ref["norms"] // 2  # no bias
     assert count(bias=False, ffn="swiglu")["ffn"] == count(bias=False)["ffn"]  # 2/3 rule: equal
     assert count(arch="decoder_only")["attention"] == ref["attention"] // 3  # no cross-attention
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("switch, off, on", [
+    ("residual", False, True), ("scale_embeddings", False, True),
+    ("positional", "none", "sinusoidal"), ("positional", "none", "rope"),
+])
+def test_weightless_switches_change_the_output(arch, switch, off, on):
+    """Switches that add no parameters: the same weights must give different logits, else the
+    flag is not wired in (the gradient check above cannot see a table that is never used)."""
+    torch.manual_seed(0)
+    a = build_model(_tiny(arch=arch, dropout=0.0, **{switch: off})).eval()
+    b = build_model(_tiny(arch=arch, dropout=0.0, **{switch: on})).eval()
+    b.load_state_dict(a.state_dict())  # strict: the switch must not change the parameters
+    (la, _), (lb, _) = a(SRC, TGT_IN), b(SRC, TGT_IN)
+    assert not torch.allclose(la, lb, atol=1e-4)

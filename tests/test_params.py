@@ -73,3 +73,10 @@ def test_unreadable_params_file(tmp_path):
 def test_synthetic_preset_is_the_default_params():
     # presets/synthetic.yaml lets users switch back to the default study; it must not drift.
     assert load_params(ROOT / "presets" / "synthetic.yaml") == load_params(ROOT / "params.yaml")
+
+
+def test_exponent_floats_without_a_dot_are_floats(tmp_path):
+    """`1e-5` is a string to YAML 1.1 but a float to DVC and to users; the model takes it as one."""
+    params = load_params(write(tmp_path, "model:\n  norm_eps: 1e-5\ntrain:\n  lr: 3e-4\n"))
+    assert params.model["norm_eps"] == 1e-5 and isinstance(params.model["norm_eps"], float)
+    assert resolve_variant(params, "baseline")["train"]["lr"] == 3e-4

@@ -96,8 +96,11 @@ def test_report_states_budget_parameters_cost_and_data(rendered):
     tokens = np.mean([p.train_values[("baseline", s)]["tokens_trained"] for s in p.seeds])
     assert cost["baseline"]["tokens trained"] == f"{round(tokens):,}"
     filt = json.loads(p.filter_metrics.read_text())
-    splits = {r["split"]: r for r in md_table(md, "split", "kept")}
+    splits = {r["split"]: r for r in md_table(md, "split", "raw")}
     assert splits["train"]["kept"] == f"{filt['splits']['train']['kept']:,}"
+    assert splits["train"]["dropped by length"] == "150" and splits["train"]["dropped %"] == "4.7%"
+    lengths = [r for r in md_table(md, "sequence", "examples") if r["sequence"] == "source"]
+    assert [(r["examples"], r["max"]) for r in lengths] == [("before filtering", "240"), ("kept", "128")]
     assert "no_ffn prediction 0" in md and "\\|" in md  # sample table, pipes escaped
 
 

@@ -82,10 +82,12 @@ def test_identical_and_constant_differences_give_no_test_not_nan():
     base = {0: 3.0, 1: 3.2, 2: 2.9}
     same = paired_delta(dict(base), base, higher_better=False)
     assert same.mean == 0.0 and same.p_value is None and same.half_width == 0.0
-    assert "zero variance" in same.verdict
+    assert same.verdict.startswith("no significant difference at 5%") and "zero variance" in same.verdict
     shifted = paired_delta({s: v + 0.5 for s, v in base.items()}, base, higher_better=False)
     assert shifted.mean == pytest.approx(0.5) and shifted.p_value is None
-    assert "constant difference" in shifted.verdict
+    assert shifted.verdict.startswith("worse") and "constant difference" in shifted.verdict
+    up = paired_delta({s: v + 0.5 for s, v in base.items()}, base, higher_better=True)
+    assert up.verdict.startswith("better")
 
 
 def test_one_or_no_paired_seed_gives_no_test():

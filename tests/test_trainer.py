@@ -94,6 +94,48 @@ def test_non_finite_loss_stops_with_the_step(tiny_shards):
     assert not (tiny_shards / "nan").exists()  # no half-written output
 
 
+def test_non_finite_loss_keeps_the_last_good_checkpoint(tiny_shards, tmp_path, monkeypatch):
+    """The loss turns NaN after step 6: the step-4 checkpoint stays, and nothing later is written."""
+
+    def poisoned(model):
+        forward, calls = model.forward, {"n": 0}
+
+        def wrapped(*args, **kwargs):
+            logits, loss = forward(*args, **kwargs)
+            calls["n"] += model.training  # count training micro-batches only
+            return logits, (loss * float("nan") if calls["n"] > 6 else loss)
+        model.forward = wrapped
+        return model
+
+    original_train = trainer.train
+    monkeypatch.setattr(trainer, "train", lambda model, *a, **k: original_train(poisoned(model), *a, **k))
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(trainer.NonFiniteLoss, match=r"step 7\b"):
+        run(tiny_shards / "shards", "v", 0, resolved(log_every=1, budget_steps=12), "x", tmp_path / "out", ckpt)
+    saved = [p.name for p in ckpt.glob("step-*.pt")]
+    assert saved == ["step-00000004.pt"]
+    state = torch.load(ckpt / saved[0], weights_only=True)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoints_of_other_settings_are_never_resumed_and_are_cleared(tiny_shards, tmp_path, capsys):
+    """A finished run with other settings leaves higher step numbers behind; the new run must neither
+    resume from them nor lose its own checkpoints to them when the last K are kept."""
+    shards, ckpt = tiny_shards / "shards", tmp_path / "ckpt"
+    run(shards, "v", 0, resolved(budget_steps=20, keep_checkpoints=2), "x", tmp_path / "old", ckpt)
+    assert [p.name for p in sorted(ckpt.glob("step-*.pt"))] == ["step-00000012.pt", "step-00000016.pt"]
+    capsys.readouterr()
+    new = resolved(budget_steps=10, keep_checkpoints=2, lr=2e-3)
+    metrics = run(shards, "v", 0, new, "x", tmp_path / "new", ckpt)
+    out = capsys.readouterr().out
+    assert "resumed" not in out and "made with other settings or code" in out
+    assert not metrics["resumed"]
+    assert [p.name for p in sorted(ckpt.glob("step-*.pt"))] == ["step-00000004.pt", "step-00000008.pt"]
+    fresh = run(shards, "v", 0, new, "x", tmp_path / "fresh", tmp_path / "ckpt-fresh")
+    assert metrics["val_loss"] == fresh["val_loss"]
+
+
 def test_schedules():
     assert lr_factor(0, "cosine", 10, 100, 0.1) == pytest.approx(0.1)
     assert lr_factor(9, "cosine", 10, 100, 0.1) == pytest.approx(1.0)
@@ -234,3 +276,26 @@ def test_language_modelling_trains_from_the_token_files(tmp_path):
     assert metrics["tokens_trained"] == metrics["steps"] * 4 * 16 >= 640
     assert np.isfinite(metrics["val_loss"]) and metrics["padding_ratio"] == 0.0
     assert list((tmp_path / "ckpt" / ".token-cache").glob("*.tokens"))  # next to the checkpoints, shared by runs
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+def test_flops_per_target_token_matches_the_6n_formula(arch):
+    """With source length = target length, both architectures reduce to the PaLM count:
+    6 x (non-embedding weights + output projection) + 12 x layers x d_model x keys per query."""
+    from model import ModelConfig, build_model
+    from pipeline.train import flops_per_target_token
+
+    cfg = ModelConfig(vocab_size=97, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=3, d_ff=64,
+                      arch=arch, positional="sinusoidal")
+    model = build_model(cfg)
+    counts = model.param_counts()
+    weights = counts["total"] - counts["embeddings"]  # tied output: the table is counted once
+    head = 6 * 32 * 97
+    if arch == "encoder_decoder":  # encoder on S=10 source tokens, decoder self (10) + cross (10) keys
+        expected = 6 * weights + 12 * 32 * (2 * 10 + 3 * 20) + head
+    else:  # one 20-token sequence per 10 target tokens: the stack runs twice per target token
+        expected = 2 * (6 * weights + 12 * 3 * 32 * 20) + head
+    assert flops_per_target_token(model, cfg, 10.0, 10.0) == pytest.approx(expected)
+    lm = flops_per_target_token(model, cfg, 0.0, 64.0)  # language modelling: context 64, no source
+    if arch == "decoder_only":
+        assert lm == pytest.approx(6 * weights + 12 * 3 * 32 * 64 + head)

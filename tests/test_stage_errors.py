@@ -1,0 +1,80 @@
+"""Bad input at every stage: one line naming the offending key or file, a non-zero exit, no output."""
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def params(tmp_path: Path, text: str = "") -> str:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def fails(module: str, argv: list[str], pattern: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(f"pipeline.{module}").main(argv)
+    message = str(info.value.code)
+    assert message.startswith(f"{module}: ") and "\n" not in message, message
+    assert pattern in message, message
+    return message
+
+
+def test_download_names_the_unknown_source(tmp_path):
+    fails("download", ["--params", params(tmp_path, "data:\n  source: nope\n"), "--out", str(tmp_path / "raw")],
+          "nope")
+    assert not (tmp_path / "raw").exists()
+
+
+def test_filter_names_the_missing_split_file(tmp_path):
+    (tmp_path / "raw").mkdir()
+    fails("filter", ["--params", params(tmp_path), "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "f"),
+                     "--metrics", str(tmp_path / "m.json")], "train.parquet")
+    assert not (tmp_path / "f").exists() and not (tmp_path / "m.json").exists()
+
+
+def test_filter_names_the_bad_params_key(tmp_path):
+    fails("filter", ["--params", params(tmp_path, "filter:\n  subsample: 2\n"), "--raw", str(tmp_path),
+                     "--out", str(tmp_path / "f"), "--metrics", str(tmp_path / "m.json")], "filter.subsample")
+
+
+def test_train_bpe_names_the_missing_input(tmp_path):
+    fails("train_bpe", ["--params", params(tmp_path), "--data", str(tmp_path / "nowhere"),
+                        "--out", str(tmp_path / "tok")], "nowhere")
+    assert not (tmp_path / "tok").exists()
+
+
+def test_encode_names_the_missing_tokenizer(tiny_shards, tmp_path):
+    fails("encode", ["--params", params(tmp_path), "--data", str(tiny_shards / "filtered"),
+                     "--tokenizer", str(tmp_path / "no-tokenizer"), "--out", str(tmp_path / "shards")],
+          "no-tokenizer")
+    assert not (tmp_path / "shards").exists()
+
+
+def test_train_names_the_mistyped_ablation_key(tiny_shards, tmp_path):
+    text = "ablations:\n  baseline: {}\n  one_head: {model: {n_head: 1}}\n"
+    fails("train", ["--params", params(tmp_path, text), "--shards", str(tiny_shards / "shards"),
+                    "--variant", "one_head", "--seed", "0", "--out", str(tmp_path / "run"),
+                    "--checkpoints", str(tmp_path / "ckpt")], "ablations.one_head.model.n_head")
+    assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_names_the_missing_run(tiny_shards, tmp_path):
+    fails("evaluate", ["--params", params(tmp_path), "--shards", str(tiny_shards / "shards"),
+                       "--tokenizer", str(tiny_shards / "tokenizer"), "--run", str(tmp_path / "no-run"),
+                       "--out", str(tmp_path / "eval")], "no-run")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_the_process_exits_non_zero_with_one_line_on_stderr(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pipeline.filter", "--params", params(tmp_path, "filter: [1]\n"),
+                           "--raw", str(tmp_path), "--out", str(tmp_path / "f"), "--metrics", str(tmp_path / "m")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("filter: ") and "filter" in done.stderr[8:]
