@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")
 POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
-NORMS = ("layernorm", "rmsnorm")
+NORMS = ("layernorm", "rmsnorm", "none")  # none: the "no normalization" ablation
 NORM_POSITIONS = ("post", "pre")
 FFNS = ("relu", "gelu", "silu", "swiglu")
 ATTENTION_IMPLS = ("manual", "sdpa")
@@ -53,7 +53,10 @@ class ModelConfig:
     rope_theta: float = 10000.0  # RoPE base; larger = slower rotation, longer wavelengths
     rel_buckets: int = 32  # T5 relative-bias buckets (half per direction when bidirectional)
     rel_max_distance: int = 128  # distances beyond this share the last bucket
-    norm: str = "layernorm"  # layernorm | rmsnorm
+    # Adds the relative bias on top of an absolute scheme (sinusoidal + relative, as in the Tiny
+    # Shakespeare study); positional="relative" is the bias alone.
+    relative_bias: bool = False
+    norm: str = "layernorm"  # layernorm | rmsnorm | none (every norm removed, the final one too)
     norm_position: str = "post"  # post (paper) | pre (adds a final norm after each stack)
     norm_eps: float = 1e-5  # matches torch.nn.LayerNorm / nn.Transformer
     ffn: str = "relu"  # relu | gelu | silu | swiglu
@@ -92,6 +95,10 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
         if self.norm_eps <= 0:
             raise ValueError(f"ModelConfig.norm_eps must be > 0, got {self.norm_eps}")
+        if self.relative_bias and self.positional not in ("sinusoidal", "learned"):
+            raise ValueError(f"ModelConfig.relative_bias adds the relative bias to sinusoidal or learned "
+                             f"positions, not to positional={self.positional!r} (positional='relative' "
+                             "is the bias alone)")
         if self.rel_buckets < 4:
             raise ValueError(f"ModelConfig.rel_buckets must be >= 4, got {self.rel_buckets}")
         if self.rel_max_distance < self.rel_buckets:

@@ -18,6 +18,8 @@ _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "none":
+        return nn.Identity()
     if cfg.norm == "layernorm":
         return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
     return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)  # no mean subtraction, no bias

@@ -22,7 +22,7 @@ class Stack(nn.Module):
         self.abs_pos = AbsolutePositions(kind, cfg.max_len, cfg.d_model) if kind in ("sinusoidal", "learned") else None
         self.rope = Rotary(cfg.head_dim, cfg.max_len, cfg.rope_theta) if kind == "rope" else None
         self.rel_bias = (RelativePositionBias(cfg.n_heads, cfg.rel_buckets, cfg.rel_max_distance, bidirectional)
-                         if kind == "relative" else None)
+                         if kind == "relative" or cfg.relative_bias else None)
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Layer(cfg, cross) for _ in range(n_layers))
         # Post-norm already ends every layer with a norm; pre-norm leaves the residual stream

@@ -3,7 +3,8 @@
     python -m pipeline.filter --raw data/raw --out data/filtered --metrics data/metrics/filter.json
 
 Lengths are counted with a cheap pre-tokenizer (words and punctuation marks), before any subword
-model exists; the limits therefore bound the BPE length only roughly (BPE is usually longer).
+model exists, so the limits bound the BPE length only roughly (BPE is usually longer); or, with
+`filter.length_unit: chars`, in characters (character-level studies).
 Sources without a validation or test split get one carved from train with a seeded shuffle.
 """
 from __future__ import annotations
@@ -25,6 +26,10 @@ _PRETOKEN = re.compile(r"\w+|[^\w\s]")
 
 def count_tokens(text: str) -> int:
     return len(_PRETOKEN.findall(text))
+
+
+def length_counter(unit: str):
+    return len if unit == "chars" else count_tokens
 
 
 def percentiles(lengths: pd.Series) -> dict[str, float]:
@@ -56,11 +61,12 @@ def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[d
     splits. Length percentiles are given for the raw examples and for the kept ones.
     """
     rng = np.random.default_rng(cfg.seed)
-    kept, stats = {}, {"splits": {}}
+    count = length_counter(cfg.length_unit)
+    kept, stats = {}, {"splits": {}, "length_unit": cfg.length_unit}
     raw_len = {"source": [], "target": []}
     for split, frame in frames.items():
-        src_len = frame["source"].map(count_tokens)
-        tgt_len = frame["target"].map(count_tokens)
+        src_len = frame["source"].map(count)
+        tgt_len = frame["target"].map(count)
         raw_len["source"].append(src_len)
         raw_len["target"].append(tgt_len)
         ok = src_len.between(cfg.min_source_tokens, cfg.max_source_tokens) & \
@@ -91,7 +97,7 @@ def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[d
             raise ValueError(f"filter: split {split!r} is empty after filtering; loosen the filter limits")
     stats["length_percentiles"] = {
         side: {"raw": percentiles(pd.concat(raw_len[side])),
-               "kept": percentiles(pd.concat([kept[split][side] for split in SPLITS]).map(count_tokens))}
+               "kept": percentiles(pd.concat([kept[split][side] for split in SPLITS]).map(count))}
         for side in ("source", "target")}
     stats["limits"] = cfg.model_dump()
     return kept, stats

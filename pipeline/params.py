@@ -60,6 +60,9 @@ class DataParams(BaseModel):
 
 
 class FilterParams(Section):
+    # The unit of the four limits: pre-tokens (words and punctuation; cheap, before any subword
+    # model exists) or characters (for character-level studies).
+    length_unit: Literal["pretokens", "chars"] = "pretokens"
     min_source_tokens: int = Field(0, ge=0)
     max_source_tokens: int = Field(1024, gt=0)
     min_target_tokens: int = Field(1, ge=0)

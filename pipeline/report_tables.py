@@ -218,12 +218,14 @@ def data_blocks(filter_metrics: dict | None, path: Path) -> list[Block]:
     lengths = lengths if isinstance(lengths, dict) else {}
     len_rows = []
     for side in ("source", "target"):
+        by_stage = lengths.get(side) if isinstance(lengths.get(side), dict) else {}
         for stage, label in (("raw", "before filtering"), ("kept", "kept")):
-            pct = (lengths.get(side) or {}).get(stage) if isinstance(lengths.get(side), dict) else None
-            pct = pct if isinstance(pct, dict) else None
+            pct = by_stage.get(stage) if isinstance(by_stage.get(stage), dict) else None
             len_rows.append([side, label] + [fmt(number(pct, k)) for k in pct_keys])
+    unit = {"chars": "characters", "pretokens": "pre-tokens (words and punctuation)"}.get(
+        filter_metrics.get("length_unit"), "pre-tokens (words and punctuation)")
     blocks.append(Table(["sequence", "examples"] + list(pct_keys), len_rows,
-                        "Lengths in pre-tokens (words and punctuation), the unit of the filter's limits"))
+                        f"Lengths in {unit}, the unit of the filter's limits"))
     return blocks
 
 

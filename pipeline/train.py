@@ -116,6 +116,8 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     if cluster.world > 1:
         key["world_size"] = cluster.world  # the plan per step depends on it; single-process hashes unchanged
     run_hash = config_hash(key)
+    if cluster.main:  # a DVC output even when the run is too short to checkpoint
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(enabled=track and cluster.main)  # rank 0 alone mirrors to MLflow
     tracker.start(experiment, f"{variant}-{seed}", {
         "variant": variant, "seed": seed, "stage": "train", "git_revision": git_revision() or "unknown",

@@ -84,3 +84,13 @@ def test_encode_shards_roundtrip_and_manifest(tiny_shards):
     assert sp.decode(table.column("src_ids")[0].as_py()) == filtered.source[0]
     assert manifest["splits"]["train"]["examples"] == len(filtered)
     assert manifest["vocab_size"] == 150 and len(manifest["tokenizer_sha256"]) == 64
+
+
+def test_filter_in_characters_for_character_level_studies():
+    raw = {"train": pd.DataFrame({"source": ["short one", "a" * 70] * 50, "target": ["kurz", "b" * 10] * 50})}
+    kept, stats = filter_splits(raw, FilterParams(length_unit="chars", max_source_tokens=64, max_target_tokens=64,
+                                                  val_fraction=0.1, test_fraction=0.1))
+    assert all(len(s) <= 64 for split in kept.values() for s in split.source)
+    assert stats["splits"]["train"]["dropped_length"] == 50 and stats["length_unit"] == "chars"
+    assert stats["length_percentiles"]["source"]["raw"]["max"] == 70
+    assert stats["length_percentiles"]["source"]["kept"]["max"] == len("short one")

@@ -54,6 +54,9 @@ def test_asdict_round_trips():
     (dict(d_model=64.0), "d_model"),
     (dict(n_heads=True), "n_heads"),
     (dict(arch=None), "arch"),
+    (dict(relative_bias=True, positional="rope"), "relative_bias"),
+    (dict(relative_bias=True, positional="relative"), "relative_bias"),
+    (dict(relative_bias=True, positional="none"), "relative_bias"),
 ])
 def test_rejects_nonsense_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):

@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+from torch import nn
 
 from model import ModelConfig, build_model
 from model.config import ARCHS, ATTENTION_IMPLS, FFNS, NORM_POSITIONS, NORMS, POSITIONALS
@@ -13,7 +14,9 @@ from model.config import ARCHS, ATTENTION_IMPLS, FFNS, NORM_POSITIONS, NORMS, PO
 # Full product of the structural switches (480 cases). The five boolean-like switches (32
 # combinations) rotate across it so that every (arch, positional) pair meets all 32 of them and
 # their pairing with norm/ffn/residual changes from block to block.
-STRUCTURAL = list(itertools.product(ARCHS, POSITIONALS, NORMS, NORM_POSITIONS, FFNS, (True, False)))
+# norm="none" and relative_bias have their own test below, to keep the product a multiple of 32.
+STRUCTURAL = list(itertools.product(ARCHS, POSITIONALS, [n for n in NORMS if n != "none"], NORM_POSITIONS, FFNS,
+                                    (True, False)))
 FLAGS = list(itertools.product(ATTENTION_IMPLS, (True, False), (True, False), (True, False), (True, False)))
 assert len(FLAGS) == 32 and len(STRUCTURAL) % 32 == 0
 
@@ -37,11 +40,8 @@ TGT_IN = torch.tensor([[2, 10, 11], [2, 12, 0]])
 TGT_OUT = torch.tensor([[10, 11, 3], [12, 3, 0]])
 
 
-@pytest.mark.parametrize("i", range(len(STRUCTURAL)),
-                         ids=["-".join(str(v) for v in s) for s in STRUCTURAL])
-def test_every_switch_combination_trains_one_step(i):
-    torch.manual_seed(i)
-    cfg = _tiny(**_case(i))
+def _trains_one_step(cfg: ModelConfig, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
     model = build_model(cfg).train()
     _, loss = model(SRC, TGT_IN, TGT_OUT)
     assert torch.isfinite(loss)
@@ -49,7 +49,25 @@ def test_every_switch_combination_trains_one_step(i):
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name  # no dead or broken part
     # Every parameter lands in a named component; only the relative-position bias is "other".
-    assert (model.param_counts()["other"] > 0) == (cfg.positional == "relative")
+    assert (model.param_counts()["other"] > 0) == (cfg.positional == "relative" or cfg.relative_bias)
+    return model
+
+
+@pytest.mark.parametrize("i", range(len(STRUCTURAL)),
+                         ids=["-".join(str(v) for v in s) for s in STRUCTURAL])
+def test_every_switch_combination_trains_one_step(i):
+    _trains_one_step(_tiny(**_case(i)), seed=i)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("norm_position", NORM_POSITIONS)
+@pytest.mark.parametrize("extra", [dict(norm="none"), dict(relative_bias=True, positional="sinusoidal"),
+                                   dict(relative_bias=True, positional="learned", norm="none")],
+                         ids=["no-norm", "sinusoidal+relative", "learned+relative-no-norm"])
+def test_no_norm_and_added_relative_bias_train_one_step(arch, norm_position, extra):
+    model = _trains_one_step(_tiny(arch=arch, norm_position=norm_position, **extra), seed=0)
+    if extra.get("norm") == "none":
+        assert model.param_counts()["norms"] == 0
 
 
 def test_every_flag_value_is_covered():
@@ -110,6 +128,8 @@ def test_param_counts_follow_the_switches():
     assert count(share_embeddings=False)["embeddings"] == ref["embeddings"] + 50 * 16
     assert count(positional="learned")["embeddings"] == ref["embeddings"] + 2 * 512 * 16  # per stack
     assert count(positional="relative")["other"] == 2 * 32 * 4  # one table per stack
+    assert count(relative_bias=True) == {**ref, "other": 2 * 32 * 4, "total": ref["total"] + 2 * 32 * 4}
+    assert count(norm="none")["norms"] == 0 and count(norm="none")["total"] == ref["total"] - ref["norms"]
     assert count(norm_position="pre")["norms"] == ref["norms"] + 2 * 2 * 16  # final norms
     assert count(norm="rmsnorm")["norms"] == ref["norms"] // 2  # no bias
     assert count(bias=False, ffn="swiglu")["ffn"] == count(bias=False)["ffn"]  # 2/3 rule: equal

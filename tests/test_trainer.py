@@ -299,3 +299,10 @@ def test_flops_per_target_token_matches_the_6n_formula(arch):
     lm = flops_per_target_token(model, cfg, 0.0, 64.0)  # language modelling: context 64, no source
     if arch == "decoder_only":
         assert lm == pytest.approx(6 * weights + 12 * 3 * 32 * 64 + head)
+
+
+def test_a_run_too_short_to_checkpoint_still_creates_its_checkpoint_directory(tiny_shards, tmp_path):
+    """The directory is a DVC output of the train stage: DVC fails a stage whose output is missing."""
+    ckpt = tmp_path / "ckpt"
+    run(tiny_shards / "shards", "v", 0, resolved(budget_steps=3, checkpoint_every=100), "x", tmp_path / "out", ckpt)
+    assert ckpt.is_dir() and not list(ckpt.glob("step-*.pt"))
