@@ -1,6 +1,7 @@
 """The real `dvc repro` on a copy of the project with tiny params, then the rerun rules."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -35,13 +36,14 @@ def sh(args, cwd, env):
 
 @pytest.mark.slow
 def test_dvc_repro_end_to_end_and_rerun_rules(tmp_path):
+    tiny = copy.deepcopy(TINY)  # edited below
     project = tmp_path / "project"
     project.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("model", "pipeline"):
         shutil.copytree(ROOT / name, project / name, ignore=ignore)
     shutil.copy(ROOT / "dvc.yaml", project)
-    (project / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "ABLATION_LAB_TRACKING": "1",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -52,9 +54,14 @@ def test_dvc_repro_end_to_end_and_rerun_rules(tmp_path):
     sh(["dvc", "repro"], project, env)
 
     report = (project / "reports" / "report.md").read_text()
-    for variant in TINY["ablations"]:
-        assert variant in report
-        for seed in TINY["seeds"]:
+    summary = json.loads((project / "reports" / "metrics.json").read_text())["variants"]
+    for variant in tiny["ablations"]:
+        # The results table row: mean ± interval over both seeds, the mean read from eval.json.
+        row = next(line for line in report.splitlines() if line.startswith(f"| {variant} | ") and "(n=2" in line)
+        vals = [json.loads((project / "data" / "eval" / f"{variant}-{s}" / "eval.json").read_text())["val_loss"]
+                for s in tiny["seeds"]]
+        assert summary[variant]["val_loss"]["mean"] == pytest.approx(sum(vals) / 2) and " ± " in row
+        for seed in tiny["seeds"]:
             run = json.loads((project / "data" / "runs" / f"{variant}-{seed}" / "train.json").read_text())
             ev = json.loads((project / "data" / "eval" / f"{variant}-{seed}" / "eval.json").read_text())
             assert run["tokens_trained"] >= 1500 and ev["val_loss"] > 0 and 0 <= ev["rouge1"] <= 1
@@ -66,17 +73,25 @@ def test_dvc_repro_end_to_end_and_rerun_rules(tmp_path):
     runs = client.search_runs([client.get_experiment_by_name("ablation-lab").experiment_id],
                               filter_string="tags.stage = 'train'")
     names = sorted(r.info.run_name for r in runs)
-    assert names == sorted(f"{v}-{s}" for v in TINY["ablations"] for s in TINY["seeds"])
+    assert names == sorted(f"{v}-{s}" for v in tiny["ablations"] for s in tiny["seeds"])
     assert all("val_loss" in r.data.metrics and "rouge1" in r.data.metrics for r in runs)
 
     assert "up to date" in sh(["dvc", "status"], project, env)
 
-    TINY["ablations"]["no_positional"]["model"]["n_heads"] = 1
-    (project / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    tiny["ablations"]["no_positional"]["model"]["n_heads"] = 1
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
     stale = json.loads(sh(["dvc", "status", "--json"], project, env))
     # `dvc status` lists the stages whose own deps changed; evaluate follows once train reruns.
-    assert set(stale) == {f"train@no_positional-{s}" for s in TINY["seeds"]} | {"report"}
+    assert set(stale) == {f"train@no_positional-{s}" for s in tiny["seeds"]} | {"report"}
     log = sh(["dvc", "repro"], project, env)
     ran = {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage")}
-    expected = {f"{stage}@no_positional-{s}" for stage in ("train", "evaluate") for s in TINY["seeds"]}
+    expected = {f"{stage}@no_positional-{s}" for stage in ("train", "evaluate") for s in tiny["seeds"]}
     assert ran == expected | {"report"}
+
+    # A third seed trains and evaluates only the new runs; the report takes them in.
+    tiny["seeds"].append(2)
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
+    log = sh(["dvc", "repro"], project, env)
+    ran = {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage")}
+    assert ran == {f"{stage}@{v}-2" for stage in ("train", "evaluate") for v in tiny["ablations"]} | {"report"}
+    assert "(n=3" in (project / "reports" / "report.md").read_text()
