@@ -147,3 +147,26 @@ def test_working_store_mirrors_params_curves_and_files(tiny_shards, tmp_path, mo
     history = client.get_metric_history(info["mlflow_run_id"], "train_loss")
     assert [(m.step, m.value) for m in history] == [(int(r.split(",")[0]), float(r.split(",")[2])) for r in curve]
     assert {a.path for a in client.list_artifacts(info["mlflow_run_id"])} >= {"train.json", "train_curve.csv"}
+
+
+@pytest.mark.slow
+def test_locked_sqlite_store_costs_one_wait_and_a_warning_not_the_run(tiny_shards, tmp_path, monkeypatch, capsys):
+    """Another process holding the store's write lock (e.g. a long `mlflow gc`): the stage waits
+    the busy timeout once, warns, and writes complete DVC outputs."""
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    Tracker().start("abl-test", "creates-the-store", {})  # tables exist before the lock is taken
+    holder = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        start = time.perf_counter()
+        info = assert_dvc_outputs_complete(train_tiny(tiny_shards, tmp_path))
+        elapsed = time.perf_counter() - start
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert info["mlflow_run_id"] is None
+    assert "warning: MLflow" in capsys.readouterr().err
+    assert elapsed < 60  # one busy timeout (20 s) plus training, not a wait per metric batch
