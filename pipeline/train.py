@@ -34,14 +34,15 @@ TRAINING_CODE = sorted((_HERE.parent / "model").glob("*.py")) + [
     _HERE / f"{name}.py" for name in ("train", "trainer", "batching", "optim", "checkpoint", "device")]
 
 
-def build(model_section: dict, manifest: dict):
+def build(model_section: dict, manifest: dict, where: str = "model"):
+    """The model of one variant; `where` names its params in an error (ablations.<variant>)."""
     from model import ModelConfig, build_model
 
     try:
         cfg = ModelConfig(**model_section, vocab_size=manifest["vocab_size"], pad_id=manifest["pad_id"],
                           bos_id=manifest["bos_id"], eos_id=manifest["eos_id"])
     except (TypeError, ValueError) as exc:
-        raise ParamsError(f"model: {exc}") from exc
+        raise ParamsError(f"{where}: {exc}") from exc
     return cfg, build_model(cfg)
 
 
@@ -89,7 +90,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
          track: bool, cluster) -> dict:
     manifest = read_manifest(shards)
     torch.manual_seed(seed)  # the initial weights are part of what the seed decides
-    cfg, model = build(resolved["model"], manifest)
+    cfg, model = build(resolved["model"], manifest, f"ablations.{variant} (model)")
     tcfg = resolved["train"]
     if tcfg["threads"]:
         torch.set_num_threads(tcfg["threads"])

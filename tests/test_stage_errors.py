@@ -57,11 +57,16 @@ def test_encode_names_the_missing_tokenizer(tiny_shards, tmp_path):
     assert not (tmp_path / "shards").exists()
 
 
-def test_train_names_the_mistyped_ablation_key(tiny_shards, tmp_path):
-    text = "ablations:\n  baseline: {}\n  one_head: {model: {n_head: 1}}\n"
+@pytest.mark.parametrize("variant, text, pattern", [
+    ("one_head", "ablations:\n  baseline: {}\n  one_head: {model: {n_head: 1}}\n",
+     "ablations.one_head.model.n_head"),  # a typo never silently trains the baseline again
+    ("three", "model: {d_model: 32, n_heads: 2}\nablations:\n  baseline: {}\n  three: {model: {n_heads: 3}}\n",
+     "ablations.three (model): ModelConfig.d_model (32)"),  # a combination that makes no sense
+])
+def test_train_names_the_variant_and_key(tiny_shards, tmp_path, variant, text, pattern):
     fails("train", ["--params", params(tmp_path, text), "--shards", str(tiny_shards / "shards"),
-                    "--variant", "one_head", "--seed", "0", "--out", str(tmp_path / "run"),
-                    "--checkpoints", str(tmp_path / "ckpt")], "ablations.one_head.model.n_head")
+                    "--variant", variant, "--seed", "0", "--out", str(tmp_path / "run"),
+                    "--checkpoints", str(tmp_path / "ckpt")], pattern)
     assert not (tmp_path / "run").exists()
 
 
