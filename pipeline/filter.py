@@ -32,10 +32,10 @@ def length_counter(unit: str):
     return len if unit == "chars" else count_tokens
 
 
-def percentiles(lengths: pd.Series) -> dict[str, float]:
-    if lengths.empty:
+def percentiles(lengths: np.ndarray) -> dict[str, float]:
+    if lengths.size == 0:
         return {"p50": None, "p90": None, "p99": None, "max": None}
-    q = np.percentile(lengths.to_numpy(), [50, 90, 99])
+    q = np.percentile(lengths, [50, 90, 99])
     return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "max": float(lengths.max())}
 
 
@@ -63,21 +63,22 @@ def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[d
     rng = np.random.default_rng(cfg.seed)
     count = length_counter(cfg.length_unit)
     kept, stats = {}, {"splits": {}, "length_unit": cfg.length_unit}
-    raw_len = {"source": [], "target": []}
+    lengths = {(side, stage): [] for side in ("source", "target") for stage in ("raw", "kept")}
     for split, frame in frames.items():
-        src_len = frame["source"].map(count)
-        tgt_len = frame["target"].map(count)
-        raw_len["source"].append(src_len)
-        raw_len["target"].append(tgt_len)
-        ok = src_len.between(cfg.min_source_tokens, cfg.max_source_tokens) & \
-            tgt_len.between(cfg.min_target_tokens, cfg.max_target_tokens)
-        frame = frame[ok.to_numpy()]
-        by_length = int((~ok).sum())
+        src_len = frame["source"].map(count).to_numpy()
+        tgt_len = frame["target"].map(count).to_numpy()
+        ok = (cfg.min_source_tokens <= src_len) & (src_len <= cfg.max_source_tokens) & \
+            (cfg.min_target_tokens <= tgt_len) & (tgt_len <= cfg.max_target_tokens)
+        keep = ok.copy()
         if cfg.subsample < 1.0:
-            frame = frame[rng.random(len(frame)) < cfg.subsample]
-        kept[split] = frame.reset_index(drop=True)
-        stats["splits"][split] = {"raw": int(len(ok)), "dropped_length": by_length,
-                                  "dropped_subsample": int(ok.sum()) - len(frame), "kept": len(frame)}
+            keep[ok] = rng.random(int(ok.sum())) < cfg.subsample
+        kept[split] = frame[keep].reset_index(drop=True)
+        # Carving below only moves rows between splits, so these are the kept rows' lengths too.
+        for side, n in (("source", src_len), ("target", tgt_len)):
+            lengths[side, "raw"].append(n)
+            lengths[side, "kept"].append(n[keep])
+        stats["splits"][split] = {"raw": len(ok), "dropped_length": int((~ok).sum()),
+                                  "dropped_subsample": int(ok.sum() - keep.sum()), "kept": int(keep.sum())}
     missing = [s for s in ("validation", "test") if s not in kept]
     if missing:
         train = kept["train"].iloc[rng.permutation(len(kept["train"]))].reset_index(drop=True)
@@ -96,8 +97,7 @@ def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[d
         if kept.get(split) is None or kept[split].empty:
             raise ValueError(f"filter: split {split!r} is empty after filtering; loosen the filter limits")
     stats["length_percentiles"] = {
-        side: {"raw": percentiles(pd.concat(raw_len[side])),
-               "kept": percentiles(pd.concat([kept[split][side] for split in SPLITS]).map(count))}
+        side: {stage: percentiles(np.concatenate(lengths[side, stage])) for stage in ("raw", "kept")}
         for side in ("source", "target")}
     stats["limits"] = cfg.model_dump()
     return kept, stats
