@@ -43,7 +43,7 @@ def load_split(shards: Path, manifest: dict, split: str, limit: int | None = Non
     src, tgt = [], []
     for name in manifest["splits"][split]["files"]:
         # memory_map: pages come from the OS cache instead of a second copy in Python's heap.
-        table = pq.read_table(Path(shards) / name, memory_map=True)
+        table = pq.read_table(Path(shards) / name, memory_map=True, columns=["src_ids", "tgt_ids"])
         for column, out in (("src_ids", src), ("tgt_ids", tgt)):
             col = table.column(column).combine_chunks()
             values = col.values.to_numpy(zero_copy_only=False)
@@ -54,6 +54,23 @@ def load_split(shards: Path, manifest: dict, split: str, limit: int | None = Non
     if limit is not None:
         src, tgt = src[:limit], tgt[:limit]
     return Split(src, tgt)
+
+
+def load_texts(shards: Path, manifest: dict, split: str, limit: int | None = None
+               ) -> tuple[list[str], list[str]]:
+    """The split's raw (source, target) texts, as the dataset has them: what metrics score against."""
+    src, tgt = [], []
+    for name in manifest["splits"][split]["files"]:
+        path = Path(shards) / name
+        if "tgt_text" not in pq.ParquetFile(path).schema_arrow.names:
+            raise ValueError(f"{path}: shard has no raw text (made by an older encode stage); "
+                             f"rerun `dvc repro encode`")
+        table = pq.read_table(path, columns=["src_text", "tgt_text"])
+        src += table.column("src_text").to_pylist()
+        tgt += table.column("tgt_text").to_pylist()
+        if limit is not None and len(src) >= limit:
+            break
+    return (src[:limit], tgt[:limit]) if limit is not None else (src, tgt)
 
 
 def seq2seq_batches(split: Split, batch_tokens: int, seed: int, epoch: int,

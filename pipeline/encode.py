@@ -4,6 +4,9 @@
 
 Streaming: rows are read, encoded and written in record batches, never the whole corpus at once.
 Shards hold bare ids (no bos/eos): where those go is the model layout's business, not the data's.
+They also keep each example's raw text (`src_text`, `tgt_text`): evaluation scores against the
+dataset's own text, not against ids decoded back (a character outside the vocabulary would come
+back as " ⁇ ", and the score would be computed against text that is not the dataset's).
 """
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ import sentencepiece as spm
 
 from pipeline.atomic import atomic_path
 from pipeline.params import ParamsError, load_params, stage_error
-from pipeline.train_bpe import file_sha256, load_tokenizer
+from pipeline.train_bpe import describe_normalization, file_sha256, load_tokenizer
 
 SPLITS = ("train", "validation", "test")
-SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32()))])
+SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32())),
+                    ("src_text", pa.large_string()), ("tgt_text", pa.large_string())])
 
 
 def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, split: str,
@@ -29,8 +33,8 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
     writer, in_shard = None, 0
     source = pq.ParquetFile(parquet)
     for batch in source.iter_batches(batch_size=min(shard_examples, 4096), columns=["source", "target"]):
-        src = sp.encode(batch.column("source").to_pylist())
-        tgt = sp.encode(batch.column("target").to_pylist())
+        src_text, tgt_text = batch.column("source").to_pylist(), batch.column("target").to_pylist()
+        src, tgt = sp.encode(src_text), sp.encode(tgt_text)
         start = 0
         while start < len(src):
             if writer is None:
@@ -39,7 +43,9 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
                 files.append(name)
                 in_shard = 0
             take = min(shard_examples - in_shard, len(src) - start)
-            writer.write_table(pa.table({"src_ids": src[start:start + take], "tgt_ids": tgt[start:start + take]},
+            rows = slice(start, start + take)
+            writer.write_table(pa.table({"src_ids": src[rows], "tgt_ids": tgt[rows],
+                                         "src_text": src_text[rows], "tgt_text": tgt_text[rows]},
                                         schema=SCHEMA))
             src_tokens += sum(map(len, src[start:start + take]))
             tgt_tokens += sum(map(len, tgt[start:start + take]))
@@ -65,6 +71,7 @@ def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int) 
         "vocab_size": sp.get_piece_size(),
         "pad_id": sp.pad_id(), "unk_id": sp.unk_id(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
         "tokenizer_sha256": file_sha256(model_file),
+        "normalization": describe_normalization(tokenizer_dir),
         "splits": {},
     }
     with atomic_path(out) as tmp:

@@ -3,8 +3,10 @@
     python -m pipeline.evaluate --shards data/shards --tokenizer data/tokenizer \
         --run data/runs/baseline-0 --out data/eval/baseline-0
 
-Task metrics come from the reference libraries: ROUGE-1/2/L F1 (rouge-score) for summarization,
-BLEU and chrF (sacrebleu) for translation. Language modelling reports bits per token, character
+Task metrics come from the reference libraries: ROUGE-1/2/L and ROUGE-Lsum F1 (rouge-score) for
+summarization, BLEU and chrF (sacrebleu) for translation, always against the dataset's raw
+reference text (kept in the shards), never against ids decoded back. Generated outputs are also
+checked for degeneracy (pipeline.output_checks): eval.json's `degenerate` lists what looks wrong. Language modelling reports bits per token, character
 and UTF-8 byte of the test text, and sampled continuations of the first test documents.
 Results are added to the variant's MLflow run from the train stage.
 
@@ -12,8 +14,8 @@ Language modelling, how it is measured:
 - Loss: every token of every document and each document's closing eos is predicted once, in
   non-overlapping windows of the training context over [eos, doc 1, eos, doc 2, eos, ...]: the
   stream the model was trained on, with a leading eos so the first document is scored too.
-- bits_per_char = total test nats / ln 2 / characters of the decoded test text (each document
-  decoded by the tokenizer, plus one character for the separator its eos stands for);
+- bits_per_char = total test nats / ln 2 / characters of the raw test text (each document as
+  the dataset has it, plus one character for the separator its eos stands for);
   bits_per_byte likewise over UTF-8 bytes. Unlike bits per token they compare across tokenizers.
 - Continuations: the first `evaluate.prompt_tokens` tokens (at most context / 2) of the first test
   documents are fed causally, as in training (after the separating eos; no bos, which the LM
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +36,10 @@ import torch.nn.functional as F
 
 from pipeline import trainer
 from pipeline.atomic import atomic_path
-from pipeline.batching import Split, collate, load_split, read_manifest
+from pipeline.batching import Split, collate, load_split, load_texts, read_manifest
 from pipeline.batching import lm_stream as training_stream
 from pipeline.device import resolve_device
+from pipeline.output_checks import flags, output_stats
 from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
 from pipeline.train_bpe import load_tokenizer
 from pipeline.tracking import Tracker
@@ -62,8 +66,9 @@ def split_loss(model, shards: Path, manifest: dict, split: str, batch_tokens: in
     return trainer.evaluate_loss(model, data, data.val_batches(10 ** 9), device, False)
 
 
-def decode(model, split, ids: dict, cfg: EvaluateParams, sp, device: torch.device
-           ) -> tuple[list[str], list[str], list[str]]:
+def decode(model, split, texts: tuple[list[str], list[str]], ids: dict, cfg: EvaluateParams, sp,
+           device: torch.device) -> tuple[list[str], list[str], list[str]]:
+    """Generate for the first examples; sources and references are the raw dataset texts."""
     n = min(cfg.max_examples, len(split.src))
     sources, references, predictions = [], [], []
     generator = torch.Generator(device).manual_seed(0)
@@ -75,19 +80,36 @@ def decode(model, split, ids: dict, cfg: EvaluateParams, sp, device: torch.devic
                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                              generator=generator)
         for i, tokens in zip(idx, out):
-            sources.append(sp.decode(split.src[i].tolist()))
-            references.append(sp.decode(split.tgt[i].tolist()))
+            sources.append(texts[0][i])
+            references.append(texts[1][i])
             predictions.append(sp.decode(list(tokens)))
     return sources, references, predictions
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def sentences(text: str) -> str:
+    """Newline-separated sentences for ROUGE-Lsum: the text's own lines (CNN/DailyMail highlights
+    are one per line); a text without line breaks is split after . ! ? followed by a space."""
+    lines = [line.strip() for line in text.split("\n") if line.strip()]
+    if len(lines) > 1:
+        return "\n".join(lines)
+    return "\n".join(s for s in _SENTENCE_END.split(text.strip()) if s)
+
+
+ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
 def task_metrics(task: str, references: list[str], predictions: list[str]) -> dict:
     if task == "summarization":
         from rouge_score import rouge_scorer
 
-        scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-        scores = [scorer.score(r, p) for r, p in zip(references, predictions)]
-        return {k: sum(s[k].fmeasure for s in scores) / max(1, len(scores)) for k in ("rouge1", "rouge2", "rougeL")}
+        # rougeL: one LCS over the whole summary; rougeLsum: summary-level LCS over its sentences
+        # (newline-separated), the variant published CNN/DailyMail numbers use.
+        scorer = rouge_scorer.RougeScorer(list(ROUGE), use_stemmer=True)
+        scores = [scorer.score(sentences(r), sentences(p)) for r, p in zip(references, predictions)]
+        return {k: sum(s[k].fmeasure for s in scores) / max(1, len(scores)) for k in ROUGE}
     if task == "translation":
         import sacrebleu
 
@@ -132,14 +154,14 @@ def lm_nats(model, docs: list[np.ndarray], eos_id: int, context: int, batch_size
     return float(total), n_pred
 
 
-def lm_metrics(model, val: Split, test: Split, sp, eos_id: int, context: int, batch_size: int,
-               device: torch.device) -> dict:
+def lm_metrics(model, val: Split, test: Split, test_texts: list[str], eos_id: int, context: int,
+               batch_size: int, device: torch.device) -> dict:
     metrics, nats = {}, {}
     for split, name in ((val, "val"), (test, "test")):
         nats[name], n = lm_nats(model, split.tgt, eos_id, context, batch_size, device)
         metrics[f"{name}_loss"] = nats[name] / max(n, 1)
         metrics[f"{name}_ppl"] = math.exp(min(metrics[f"{name}_loss"], 50))
-    texts = [sp.decode(d.tolist()) + "\n" for d in test.tgt]  # "\n": the separator eos predicts
+    texts = [t + "\n" for t in test_texts]  # raw text; "\n": the separator eos predicts
     bits = nats["test"] / math.log(2)
     metrics["bits_per_char"] = bits / max(1, sum(map(len, texts)))
     metrics["bits_per_byte"] = bits / max(1, sum(len(t.encode("utf-8")) for t in texts))
@@ -193,11 +215,16 @@ def continue_prompts(model, prompts: torch.Tensor, max_new_tokens: int, pick,
 def lm_samples(model, test: Split, sp, cfg: EvaluateParams, eos_id: int, context: int,
                device: torch.device) -> list[dict]:
     """Continuations of the first test documents longer than the prompt; prompt + continuation
-    stays within the training context (positions beyond it were never trained)."""
+    stays within the training context (positions beyond it were never trained). A split with fewer
+    documents than `n_samples` (one long text) gives passages spread evenly through its text."""
     p = min(cfg.prompt_tokens, context // 2)  # short contexts (tests) still leave room to continue
-    docs = [d for d in test.tgt if len(d) > p][:cfg.n_samples]
     # Fed: eos + prompt + all but the last new token, so p + n_new positions in all.
     n_new = min(cfg.max_new_tokens, context - p, model.cfg.max_len - p)
+    docs = [d for d in test.tgt if len(d) > p][:cfg.n_samples]
+    if 0 < len(docs) < cfg.n_samples and n_new >= 1:
+        passages = [d[i:] for d in docs for i in range(0, len(d) - p, p + n_new)]
+        picks = np.linspace(0, len(passages) - 1, min(cfg.n_samples, len(passages))).round()
+        docs = [passages[int(i)] for i in picks]
     if not docs or n_new < 1:
         return []
     prompts = torch.tensor(np.stack([lm_stream([d[:p]], eos_id)[:-1] for d in docs]), device=device)
@@ -227,15 +254,18 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
     test = load_split(shards, manifest, "test")
     if task == "language_modeling":
         eos, val = ids["eos_id"], load_split(shards, manifest, "validation")
-        metrics.update(lm_metrics(model, val, test, sp, eos, context, batch_size, device))
+        test_texts = load_texts(shards, manifest, "test")[1]
+        metrics.update(lm_metrics(model, val, test, test_texts, eos, context, batch_size, device))
         samples = lm_samples(model, test, sp, cfg, eos, context, device)
         attention = lm_attention(model, val, sp, eos, context, device)
         metrics["n_decoded"] = len(samples)
+        predictions = [s["prediction"] for s in samples]
     else:
         for split, name in (("validation", "val"), ("test", "test")):
             loss = split_loss(model, shards, manifest, split, batch_tokens, context, batch_size, device)
             metrics[f"{name}_loss"], metrics[f"{name}_ppl"] = loss, math.exp(min(loss, 50))
-        sources, references, predictions = decode(model, test, ids, cfg, sp, device)
+        texts = load_texts(shards, manifest, "test", limit=cfg.max_examples)
+        sources, references, predictions = decode(model, test, texts, ids, cfg, sp, device)
         metrics.update(task_metrics(task, references, predictions))
         metrics["n_decoded"] = len(predictions)
         samples = [{"source": s, "reference": r, "prediction": p}
@@ -243,6 +273,10 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
         first_val = load_split(shards, manifest, "validation", limit=1)
         attention = attention_example(model, first_val, ids, sp, device)
     metrics["bits_per_token"] = metrics["test_loss"] / math.log(2)
+    # Degeneracy of what the model wrote (summaries, translations or LM continuations).
+    metrics["outputs"] = output_stats(predictions)
+    metrics["degenerate"] = flags(metrics["outputs"], len(predictions))
+    metrics["normalization"] = manifest.get("normalization", "not recorded")
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         (tmp / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -273,7 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     if metrics["mlflow_run_id"]:
         tracker = Tracker()
         tracker.start(params.report.experiment, "", {"evaluated": "true"}, run_id=metrics["mlflow_run_id"])
-        tracker.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}, step=0)
+        tracker.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}
+                            | {f"outputs_{k}": v for k, v in metrics["outputs"].items()}, step=0)
         for name in ("eval.json", "samples.json"):
             tracker.log_artifact(Path(args.out) / name)
         tracker.end()

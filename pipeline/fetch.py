@@ -9,16 +9,21 @@ Design decisions:
 - Connection errors, timeouts (a stalled socket raises after `timeout` seconds) and 408/429/5xx
   answers are retried with exponential backoff; every loop is bounded by `retries`. Other HTTP
   errors (404, 403, ...) are permanent and raised at once.
+- A host that cannot be reached at all on the first attempt (DNS failure, connection refused, no
+  route) is not retried: that is what being offline looks like, and backing off would only delay
+  the error. Once a server has answered, the same errors are retried (a restart, a network blip).
 - The cache is a plain directory that mirrors URLs (`cache_path`); a cached file that verifies is
   returned without touching the network, so one can also place files there by hand when offline.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import logging
 import os
 import re
+import socket
 import time
 import urllib.error
 import urllib.parse
@@ -39,7 +44,13 @@ class DownloadError(OSError):
     """A download failed for good (after retries, or on a permanent HTTP error).
 
     An OSError, so callers that already report I/O failures as one-line errors report it too.
+    `reason` is the cause alone (e.g. "URLError: [Errno 111] Connection refused"), for callers
+    that word their own message around it.
     """
+
+    def __init__(self, message: str, *, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class ChecksumError(DownloadError):
@@ -49,9 +60,31 @@ class ChecksumError(DownloadError):
 class _Retry(Exception):
     """A transient failure: the attempt may be repeated (resuming the .part file)."""
 
-    def __init__(self, reason: str, delay_s: float | None = None):
+    def __init__(self, reason: str, delay_s: float | None = None, unreachable: bool = False):
         super().__init__(reason)
         self.delay_s = delay_s
+        self.unreachable = unreachable  # no connection could be opened at all
+
+
+# errno values of a connect() that fails because there is no network (besides refused / DNS)
+_NO_ROUTE = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN})
+
+
+def _unreachable(err: BaseException) -> bool:
+    """True when the request never reached a server: DNS failure, connection refused, no route.
+
+    urllib wraps errors raised while connecting in URLError; timeouts and resets are not in this
+    set (a slow or flaky server is worth retrying, an absent one is not).
+    """
+    reason = err.reason if isinstance(err, urllib.error.URLError) else err
+    return (isinstance(reason, (socket.gaierror, ConnectionRefusedError))
+            or (isinstance(reason, OSError) and reason.errno in _NO_ROUTE))
+
+
+def is_cached(dest: str | os.PathLike, size: int | None = None, sha256: str | None = None) -> bool:
+    """Whether `dest` exists and verifies, i.e. `fetch` would return it without the network."""
+    dest = Path(dest)
+    return dest.is_file() and _verify(dest, size, sha256) is None
 
 
 def default_cache_dir() -> Path:
@@ -108,17 +141,24 @@ def fetch(url: str, dest: str | os.PathLike, sha256: str | None = None, size: in
             time.sleep(min(delay, MAX_SLEEP_S))
         try:
             _attempt(url, part, size, max_bytes, timeout, progress)
+            last = None
             break
         except _Retry as err:
             last = err
             log.warning("download of %s failed (attempt %d of %d): %s", url, attempt + 1,
                         retries + 1, err)
-    else:
+            if err.unreachable and attempt == 0:
+                break  # offline (see the module docstring): fail now, not after the backoff
+    if last is not None:
+        n = attempt + 1
+        reason = f"{last}; {n} attempt{'s' if n > 1 else ''}"
+        if last.unreachable and n == 1 and retries:
+            reason += ", not retried: the host cannot be reached"
         resume = f"; rerunning resumes from {part.name}" if part.exists() else ""
         raise DownloadError(
-            f"could not download {url} after {retries + 1} attempt{'s' if retries else ''} "
+            f"could not download {url} after {n} attempt{'s' if n > 1 else ''} "
             f"({last}). If you are offline, download it by hand and put it at {dest} (the cache), "
-            f"or use the `local` source with your own files{resume}.")
+            f"or use the `local` source with your own files{resume}.", reason=reason)
 
     problem = _verify(part, size, sha256)
     if problem is not None:
@@ -167,9 +207,11 @@ def _attempt(url: str, part: Path, size: int | None, max_bytes: int | None, time
             if err.code in RETRY_STATUS:
                 raise _Retry(f"HTTP {err.code} {err.reason}",
                              _retry_after(err.headers.get("Retry-After"))) from None
-            raise DownloadError(f"HTTP {err.code} {err.reason} for {url}") from None
+            raise DownloadError(f"HTTP {err.code} {err.reason} for {url}",
+                                reason=f"HTTP {err.code} {err.reason}") from None
     except (OSError, http.client.HTTPException) as err:  # URLError, refused, timeout, reset
-        raise _Retry(f"{type(err).__name__}: {getattr(err, 'reason', err)}") from None
+        raise _Retry(f"{type(err).__name__}: {getattr(err, 'reason', err)}",
+                     unreachable=_unreachable(err)) from None
 
     with resp:
         if resp.status == 206:

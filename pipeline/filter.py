@@ -5,11 +5,15 @@
 Lengths are counted with a cheap pre-tokenizer (words and punctuation marks), before any subword
 model exists, so the limits bound the BPE length only roughly (BPE is usually longer); or, with
 `filter.length_unit: chars`, in characters (character-level studies).
-Sources without a validation or test split get one carved from train with a seeded shuffle.
+Sources without a validation or test split get one carved from train: with a seeded shuffle, or
+for language modelling (meta.json's task) from the end of train in document order, validation
+then test, so that neighbouring paragraphs of one text only meet at the split boundaries (a
+shuffle would put the rest of a training story into the test set).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 from pathlib import Path
@@ -54,8 +58,10 @@ def read_raw(raw_dir: Path) -> dict[str, pd.DataFrame]:
     return frames
 
 
-def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Length filter + subsample per split, then carve missing validation/test splits from train.
+def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams,
+                  task: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Length filter + subsample per split, then carve missing validation/test splits from train:
+    shuffled, or for task language_modeling the contiguous tail of train (never shuffled).
 
     Per split the stats add up: raw = dropped_length + dropped_subsample + kept + moved to other
     splits. Length percentiles are given for the raw examples and for the kept ones.
@@ -81,17 +87,26 @@ def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams) -> tuple[d
                                   "dropped_subsample": int(ok.sum() - keep.sum()), "kept": int(keep.sum())}
     missing = [s for s in ("validation", "test") if s not in kept]
     if missing:
-        train = kept["train"].iloc[rng.permutation(len(kept["train"]))].reset_index(drop=True)
         fractions = {"validation": cfg.val_fraction, "test": cfg.test_fraction}
-        start = 0
+        sizes = {split: int(round(len(kept["train"]) * fractions[split])) for split in missing}
+        if task == "language_modeling":
+            # The tail in document order: a story cut into paragraph rows straddles at most the
+            # train/validation and validation/test boundaries.
+            train = kept["train"]
+            start = max(0, len(train) - sum(sizes.values()))
+            rest, stats["carve"] = train.iloc[:start], "contiguous_tail"
+        else:
+            train = kept["train"].iloc[rng.permutation(len(kept["train"]))].reset_index(drop=True)
+            start = 0
+            rest, stats["carve"] = train.iloc[sum(sizes.values()):], "shuffled"
         for split in missing:
-            n = int(round(len(train) * fractions[split]))
+            n = sizes[split]
             kept[split] = train.iloc[start:start + n].reset_index(drop=True)
             stats["splits"][split] = {"raw": 0, "dropped_length": 0, "dropped_subsample": 0, "kept": n,
                                       "from_train": n}
             stats["splits"]["train"][f"to_{split}"] = n
             start += n
-        kept["train"] = train.iloc[start:].reset_index(drop=True)
+        kept["train"] = rest.reset_index(drop=True)
         stats["splits"]["train"]["kept"] = len(kept["train"])
     for split in SPLITS:
         if kept.get(split) is None or kept[split].empty:
@@ -113,7 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_params(args.params).filter
         raw = Path(args.raw)
-        kept, stats = filter_splits(read_raw(raw), cfg)
+        meta = raw / "meta.json"
+        info = json.loads(meta.read_text(encoding="utf-8")) if meta.exists() else {}
+        kept, stats = filter_splits(read_raw(raw), cfg, info.get("task"))
+        # What the source said about its splits (e.g. "test is the validation text"): the report
+        # reads it from here, next to the split counts it qualifies.
+        stats["source_notes"] = list(info.get("notes", []))
         with atomic_path(args.out) as tmp:
             tmp.mkdir(parents=True)
             for split, frame in kept.items():

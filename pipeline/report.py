@@ -31,7 +31,7 @@ from pipeline.report_figures import figure_blocks
 from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
 from pipeline.report_render import Paragraph, to_html, to_markdown
 from pipeline.report_tables import (
-    compute_results, cost_blocks, data_blocks, params_blocks, per_run_blocks, results_blocks,
+    compute_results, cost_blocks, data_blocks, output_blocks, params_blocks, per_run_blocks, results_blocks,
     samples_blocks, setup_blocks,
 )
 
@@ -66,12 +66,13 @@ def render_report(
         blocks = (
             [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
             + setup_blocks(runs, variants, seeds, baseline, budget, task)
-            + results_blocks(results, variants, baseline)
+            + results_blocks(results, variants, baseline, runs, seeds)
             + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
             + params_blocks(runs, variants, seeds)
             + cost_blocks(runs, variants, seeds)
             + data_blocks(filt, Path(filter_metrics))
             + samples_blocks(runs, variants, seeds)
+            + output_blocks(runs, variants, seeds)
             + per_run_blocks(runs, variants, seeds, results.metrics)
         )
         (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")

@@ -18,11 +18,19 @@ from pipeline.stats import Delta, Summary, higher_is_better, paired_delta, summa
 MISSING = "—"
 BASE_METRICS = ("val_loss", "val_ppl", "test_loss", "test_ppl")
 ALWAYS_SHOWN = ("val_loss", "val_ppl")  # shown even when every run lacks them, so the gap is visible
-TASK_METRICS = ("rouge1", "rouge2", "rougeL", "bleu", "chrf", "bits_per_char", "bits_per_byte", "bits_per_token")
+TASK_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf", "bits_per_char", "bits_per_byte", "bits_per_token")
 # Task metric of the delta figure: the first present, i.e. the one each task usually leads with.
 # bits_per_token depends on the tokenizer, so the per-character/byte measures come first.
-MAIN_METRIC_PRIORITY = ("rougeL", "bleu", "bits_per_char", "bits_per_byte", "bits_per_token", "rouge1", "rouge2",
+MAIN_METRIC_PRIORITY = ("rougeLsum", "rougeL", "bleu", "bits_per_char", "bits_per_byte", "bits_per_token", "rouge1", "rouge2",
                         "chrf")
+# Metrics computed from generated text: meaningless when the outputs are degenerate.
+OUTPUT_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf")
+METRIC_NOTES = {
+    "rougeL": "rougeL: one longest common subsequence over the whole summary (sentence-level ROUGE-L)",
+    "rougeLsum": "rougeLsum: summary-level ROUGE-L over newline-separated sentences, the figure "
+                 "published CNN/DailyMail results use",
+}
+DEGENERATE = "⚠"
 COMPONENT_ORDER = ("embeddings", "attention", "ffn", "norms", "other", "total")
 RUN_FILES = ("train.json", "train_curve.csv", "val_curve.csv", "eval.json", "samples.json", "attention.json")
 _RUN_FIELDS = ("train", "train_curve", "val_curve", "eval", "samples", "attention")
@@ -120,6 +128,7 @@ def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: st
         if not found:
             gaps = ["all seeds: run missing"]
         rows.append([v, _params_total(runs, v, seeds), f"{len(found)}/{len(seeds)}", "; ".join(gaps) or "none"])
+    norms = sorted({str(r.eval["normalization"]) for r in runs.values() if r.eval and r.eval.get("normalization")})
     return [
         Heading("Setup"),
         Paragraph(
@@ -127,18 +136,45 @@ def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: st
             f"Variants: {', '.join(variants)}."
         ),
         Paragraph(budget_text),
+        Paragraph("Tokenizer normalisation (eval.json): " + (" | ".join(norms) or MISSING) + "."),
         Table(["variant", "parameters", "runs found", "missing"], rows, "Variants and runs"),
     ]
 
 
-def results_blocks(results: Results, variants: Sequence[str], baseline: str) -> list[Block]:
+def degenerate_runs(runs, variant: str, seeds: Sequence[int]) -> dict[int, list[str]]:
+    """seed -> reasons, for the seeds of `variant` whose eval.json flags degenerate outputs."""
+    out = {}
+    for s in seeds:
+        reasons = (runs[(variant, s)].eval or {}).get("degenerate")
+        if isinstance(reasons, list) and reasons:
+            out[s] = [str(r) for r in reasons]
+    return out
+
+
+def results_blocks(results: Results, variants: Sequence[str], baseline: str, runs=None,
+                   seeds: Sequence[int] = ()) -> list[Block]:
     """Metric table (mean ± CI) and delta table (paired by seed, t-test, verdict)."""
     headers = ["variant"] + [f"{m} {arrow(m)}" for m in results.metrics]
-    rows = [[v] + [fmt_summary(results.summaries[v][m]) for m in results.metrics] for v in variants]
+    flagged = {v: degenerate_runs(runs, v, seeds) for v in variants} if runs else {}
+    output_metrics = [m for m in results.metrics if m in OUTPUT_METRICS]
+    rows = []
+    for v in variants:
+        mark = f" {DEGENERATE}" if flagged.get(v) else ""
+        cells = [fmt_summary(results.summaries[v][m]) + (mark if m in output_metrics else "")
+                 for m in results.metrics]
+        rows.append([v + (mark if mark and not output_metrics else "")] + cells)
+    notes = [f"↓ lower is better, ↑ higher is better. n = seeds with a value; {MISSING} = no run has the value. "
+             "NaN/inf values count as missing here; the per-run table shows them as written."]
+    notes += [METRIC_NOTES[m] + "." for m in results.metrics if m in METRIC_NOTES]
+    for v, by_seed in flagged.items():
+        if by_seed:
+            what = ", ".join(output_metrics) if output_metrics else "its generated continuations"
+            detail = "; ".join(f"seed {s}: {', '.join(r)}" for s, r in by_seed.items())
+            notes.append(f"{DEGENERATE} {v}: degenerate outputs, so {what} score text that is not a "
+                         f"real attempt ({detail}).")
     metric_table = Table(
         headers, rows, "Metrics on the evaluation data (eval.json): mean ± 95% t-interval half-width over seeds",
-        [f"↓ lower is better, ↑ higher is better. n = seeds with a value; {MISSING} = no run has the value. "
-         "NaN/inf values count as missing here; the per-run table shows them as written."],
+        notes,
     )
     delta_rows = []
     for v, by_metric in results.deltas.items():
@@ -211,8 +247,13 @@ def data_blocks(filter_metrics: dict | None, path: Path) -> list[Block]:
                                     ("to_test", "to test")) if number(counts, key)]
         rows.append([split, fmt_int(raw), fmt_int(by_length), MISSING if share is None else f"{share:.1%}",
                      fmt_int(by_sample), ", ".join(moved) or "none", fmt_int(kept)])
+    notes = [str(n) for n in filter_metrics.get("source_notes") or []]
+    carve = {"contiguous_tail": "validation/test carved from the end of train, in document order "
+                                "(no document on both sides)",
+             "shuffled": "validation/test carved from train by a seeded shuffle"}.get(filter_metrics.get("carve"))
     blocks.append(Table(["split", "raw", "dropped by length", "dropped %", "dropped by subsample", "moved",
-                         "kept"], rows or [[MISSING] * 7], f"Examples through the filter stage ({path})"))
+                         "kept"], rows or [[MISSING] * 7], f"Examples through the filter stage ({path})",
+                        ([carve] if carve else []) + notes))
     pct_keys = ("p50", "p90", "p99", "max")
     lengths = filter_metrics.get("length_percentiles")
     lengths = lengths if isinstance(lengths, dict) else {}
@@ -253,6 +294,28 @@ def samples_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[
     return [Heading("Sample outputs"), Table(
         ["variant", "#", "source", "reference", "prediction"], rows,
         f"First {N_SAMPLES} samples per variant (samples.json), cut at {SAMPLE_CHARS} characters",
+    )]
+
+
+def output_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Block]:
+    """Degeneracy checks of the generated outputs, one row per run (eval.json `outputs`)."""
+    keys = ("distinct_1", "distinct_2", "identical_share", "repetition_rate", "empty_share")
+    rows = []
+    for v in variants:
+        for s in seeds:
+            ev = runs[(v, s)].eval or {}
+            stats = ev.get("outputs") if isinstance(ev.get("outputs"), dict) else None
+            if stats is None:
+                continue
+            reasons = ev.get("degenerate") or []
+            rows.append([v, str(s)] + [fmt(number(stats, k), 3) for k in keys]
+                        + [f"{DEGENERATE} " + "; ".join(map(str, reasons)) if reasons else "ok"])
+    if not rows:
+        return []
+    return [Heading("Output checks"), Table(
+        ["variant", "seed"] + list(keys) + ["verdict"], rows,
+        "Generated outputs (eval.json outputs): word n-gram diversity, identical and empty outputs, "
+        "repeated 3-grams within an output",
     )]
 
 

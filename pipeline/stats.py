@@ -25,7 +25,7 @@ LOWER_IS_BETTER = frozenset(
     {"val_loss", "val_ppl", "test_loss", "test_ppl", "train_loss", "bits_per_token", "bits_per_char",
      "bits_per_byte"}
 )
-HIGHER_IS_BETTER = frozenset({"rouge1", "rouge2", "rougeL", "bleu", "chrf"})
+HIGHER_IS_BETTER = frozenset({"rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf"})
 
 NOT_SIGNIFICANT = f"no significant difference at {ALPHA:.0%}"
 

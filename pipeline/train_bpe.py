@@ -4,11 +4,22 @@
 
 Source and target share one vocabulary (so the model may share embeddings). `model_type: char`
 gives the character-level tokenizer some seed studies used; `bpe` is the default.
+
+The text's own characters are kept: SentencePiece's default NFKC normalisation and whitespace
+collapsing are off, and "\n" is a token of its own, so a character model of Tiny Shakespeare sees
+line breaks (as nanoGPT's does) and decoding gives back the text, sentence breaks included.
+`tokenizer.json` records this; the report quotes it. The model is trained from an in-memory
+iterator and written from memory, so it embeds no temporary path: the same corpus and params give
+a byte-identical `spm.model` (and unchanged hashes downstream).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
+import itertools
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -18,37 +29,60 @@ from pipeline.atomic import atomic_path
 from pipeline.params import ParamsError, TrainBpeParams, load_params, stage_error
 
 
-def write_corpus(train_parquet: Path, corpus: Path) -> int:
-    """One sentence per line: sources and targets, newlines flattened."""
+NEWLINE = "\n"
+# What the tokenizer does to text before splitting it; written to tokenizer.json for the report.
+NORMALIZATION = {
+    "rule": "identity",  # no NFKC: the dataset's characters are the model's characters
+    "whitespace": "kept as written (no collapsing or stripping)",
+    "newline": "kept: '\\n' is a token of its own",
+    "unknown": "characters outside the vocabulary become <unk> in the model's input; references "
+               "and character counts are taken from the raw text",
+}
+
+
+def corpus_lines(train_parquet: Path) -> Iterator[str]:
+    """Training sentences: every non-empty line of sources and targets. SentencePiece learns
+    pieces within a line; the newline itself is the user-defined newline token."""
     frame = pd.read_parquet(train_parquet)
-    n = 0
-    with corpus.open("w", encoding="utf-8") as fh:
-        for column in ("source", "target"):
-            for text in frame[column]:
-                text = " ".join(str(text).split())
-                if text:
-                    fh.write(text + "\n")
-                    n += 1
-    return n
+    for column in ("source", "target"):
+        for text in frame[column]:
+            for line in str(text).split(NEWLINE):
+                if line.strip():
+                    yield line
 
 
 def train_tokenizer(train_parquet: Path, out_dir: Path, cfg: TrainBpeParams) -> None:
     spm.set_random_generator_seed(0)  # same corpus + params -> same tokenizer
+    lines = corpus_lines(train_parquet)
+    first = next(lines, None)
+    if first is None:
+        raise ValueError(f"{train_parquet}: no text to train the tokenizer on")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=itertools.chain([first], lines), model_writer=model, model_type=cfg.model_type,
+        vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
+        input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
+        pad_id=cfg.pad_id, unk_id=cfg.unk_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=False, user_defined_symbols=[NEWLINE], allow_whitespace_only_pieces=True,
+        # A char model's vocabulary is what the corpus has; don't fail when it is smaller.
+        hard_vocab_limit=cfg.model_type != "char", max_sentence_length=1 << 16,
+        num_threads=2, minloglevel=2,
+    )
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
-        corpus = tmp / "corpus.txt"
-        if write_corpus(train_parquet, corpus) == 0:
-            raise ValueError(f"{train_parquet}: no text to train the tokenizer on")
-        spm.SentencePieceTrainer.train(
-            input=str(corpus), model_prefix=str(tmp / "spm"), model_type=cfg.model_type,
-            vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
-            input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
-            pad_id=cfg.pad_id, unk_id=cfg.unk_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
-            # A char model's vocabulary is what the corpus has; don't fail when it is smaller.
-            hard_vocab_limit=cfg.model_type != "char", max_sentence_length=1 << 16,
-            num_threads=2, minloglevel=2,
-        )
-        corpus.unlink()
+        (tmp / "spm.model").write_bytes(model.getvalue())
+        (tmp / "tokenizer.json").write_text(json.dumps(
+            {"model_type": cfg.model_type, "normalization": NORMALIZATION}, indent=2) + "\n")
+
+
+def describe_normalization(directory: Path) -> str:
+    """One line for the report: what the tokenizer in `directory` does to the text."""
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        return "not recorded (tokenizer made by an older version)"
+    norm = json.loads(path.read_text()).get("normalization", {})
+    return "; ".join(f"{k}: {v}" for k, v in norm.items())
 
 
 def load_tokenizer(directory: Path) -> spm.SentencePieceProcessor:

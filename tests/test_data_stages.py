@@ -94,3 +94,59 @@ def test_filter_in_characters_for_character_level_studies():
     assert stats["splits"]["train"]["dropped_length"] == 50 and stats["length_unit"] == "chars"
     assert stats["length_percentiles"]["source"]["raw"]["max"] == 70
     assert stats["length_percentiles"]["source"]["kept"]["max"] == len("short one")
+
+
+def stories_as_paragraph_rows(n_stories: int = 40) -> pd.DataFrame:
+    """Rows as the `local` source writes them with documents: paragraph: each story is cut into
+    3 to 5 paragraph rows, in story order."""
+    rows = [f"Story {s} paragraph {p}: Tom walked home." for s in range(n_stories) for p in range(3 + s % 3)]
+    return pd.DataFrame({"source": [""] * len(rows), "target": rows})
+
+
+def test_language_modeling_carves_the_tail_of_train_in_document_order():
+    raw = stories_as_paragraph_rows()
+    cfg = FilterParams(val_fraction=0.1, test_fraction=0.1)
+    kept, stats = filter_splits({"train": raw}, cfg, task="language_modeling")
+    n_val, n_test = len(kept["validation"]), len(kept["test"])
+    assert n_val == n_test == round(len(raw) * 0.1) and stats["carve"] == "contiguous_tail"
+    assert kept["validation"].equals(raw.iloc[-(n_val + n_test):-n_test].reset_index(drop=True))
+    assert kept["test"].equals(raw.iloc[-n_test:].reset_index(drop=True))
+    assert kept["train"].equals(raw.iloc[:-(n_val + n_test)])
+    story = {split: {t.split(" paragraph")[0] for t in frame.target} for split, frame in kept.items()}
+    texts = {split: set(frame.target) for split, frame in kept.items()}
+    assert not texts["train"] & texts["validation"] and not texts["validation"] & texts["test"]
+    assert not texts["train"] & texts["test"]
+    # a story meets another split only at a boundary: at most one story is shared per boundary
+    assert len(story["train"] & story["validation"]) <= 1 and not story["train"] & story["test"]
+    assert len(story["validation"] & story["test"]) <= 1
+    # the seq2seq default is still the seeded shuffle, which scatters stories across the splits
+    shuffled, stats = filter_splits({"train": raw}, cfg)
+    assert stats["carve"] == "shuffled"
+    assert len({t.split(" paragraph")[0] for t in shuffled["test"].target} & story["train"]) > 1
+
+
+def test_language_modeling_carves_only_the_missing_split():
+    raw = stories_as_paragraph_rows(10)
+    val = pd.DataFrame({"source": [""], "target": ["held out"]})
+    kept, stats = filter_splits({"train": raw, "validation": val}, FilterParams(test_fraction=0.2),
+                                task="language_modeling")
+    n = round(len(raw) * 0.2)
+    assert kept["test"].equals(raw.iloc[-n:].reset_index(drop=True)) and kept["validation"].equals(val)
+    assert stats["splits"]["train"] == {"raw": len(raw), "dropped_length": 0, "dropped_subsample": 0,
+                                        "kept": len(raw) - n, "to_test": n}
+
+
+def test_filter_stage_reads_the_task_from_meta_json(tmp_path):
+    from pipeline.filter import main
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    frame = stories_as_paragraph_rows(20)
+    frame.to_parquet(raw / "train.parquet")
+    (raw / "meta.json").write_text(json.dumps({"source": "local", "task": "language_modeling"}))
+    params = tmp_path / "params.yaml"
+    params.write_text("filter:\n  val_fraction: 0.1\n  test_fraction: 0.1\n")
+    main(["--params", str(params), "--raw", str(raw), "--out", str(tmp_path / "out"),
+          "--metrics", str(tmp_path / "filter.json")])
+    test = pd.read_parquet(tmp_path / "out" / "test.parquet")
+    assert test.target.tolist() == frame.target.tolist()[-len(test):]
+    assert json.loads((tmp_path / "filter.json").read_text())["carve"] == "contiguous_tail"

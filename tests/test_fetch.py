@@ -1,8 +1,12 @@
 """pipeline.fetch against a local fault-injecting HTTP server (127.0.0.1 only, never the network)."""
 from __future__ import annotations
 
+import errno
 import hashlib
+import socket
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -122,6 +126,48 @@ def test_offline_error_names_the_cache_path_and_local(tmp_path):
         fetch(closed_port_url("x/input.txt"), dest, retries=1, **FAST)
     message = str(info.value)
     assert str(dest) in message and "`local`" in message and "\n" not in message
+
+
+def test_unreachable_host_is_not_retried(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match="after 1 attempt ") as info:
+        fetch(closed_port_url(), tmp_path / "d.bin", retries=4, backoff=1.0, timeout=0.5,
+              progress=False)
+    assert time.monotonic() - start < 1  # the backoff alone would sleep 15 s
+    assert "not retried: the host cannot be reached" in info.value.reason
+
+
+def fake_urlopen(monkeypatch, *errors: BaseException) -> list:
+    """urlopen raises `errors` in turn (the last one forever); returns the list of calls."""
+    calls = []
+
+    def urlopen(request, timeout=None):
+        calls.append(request.full_url)
+        raise errors[min(len(calls), len(errors)) - 1]
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    return calls
+
+
+@pytest.mark.parametrize("reason, attempts", [
+    (socket.gaierror(-2, "Name or service not known"), 1),  # DNS failure: offline
+    (OSError(errno.ENETUNREACH, "Network is unreachable"), 1),
+    (TimeoutError("timed out"), 4),  # a slow server: retried
+    (ConnectionResetError(104, "Connection reset by peer"), 4),
+])
+def test_only_a_host_out_of_reach_fails_fast(monkeypatch, tmp_path, reason, attempts):
+    calls = fake_urlopen(monkeypatch, urllib.error.URLError(reason))
+    with pytest.raises(DownloadError):
+        fetch("http://example.invalid/d.bin", tmp_path / "d.bin", retries=3, **FAST)
+    assert len(calls) == attempts
+
+
+def test_refused_after_the_server_answered_is_retried(monkeypatch, tmp_path):
+    http_503 = urllib.error.HTTPError("http://x/d.bin", 503, "Unavailable", {}, None)
+    refused = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+    calls = fake_urlopen(monkeypatch, http_503, refused)
+    with pytest.raises(DownloadError, match="after 3 attempts"):
+        fetch("http://x/d.bin", tmp_path / "d.bin", retries=2, **FAST)
+    assert len(calls) == 3  # a restarting server, not an offline machine
 
 
 def test_verified_cache_hit_makes_no_request(tmp_path):

@@ -43,6 +43,7 @@ def test_dvc_repro_end_to_end_and_rerun_rules(tmp_path):
     for name in ("model", "pipeline"):
         shutil.copytree(ROOT / name, project / name, ignore=ignore)
     shutil.copy(ROOT / "dvc.yaml", project)
+    shutil.copytree(ROOT / "data" / "local", project / "data" / "local")  # the download stage's dep
     (project / "params.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "ABLATION_LAB_TRACKING": "1",

@@ -25,12 +25,13 @@ from tests.fixtures.sources.server import serve
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "sources"
 PRESETS = ROOT / "presets"
-SEED_PRESETS = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017")
+SEED_PRESETS = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "nanogpt_shakespeare_char")
 FAST = {"timeout_s": 5.0, "retries": 1}
 # The task metric each preset exists to measure, as eval.json names it.
 TASK_METRICS = {"cnn_dailymail": ("rouge1", "rouge2", "rougeL"), "iwslt2017": ("bleu", "chrf"),
                 "tiny_shakespeare": ("bits_per_char", "bits_per_byte"),
-                "tinystories": ("bits_per_char", "bits_per_byte")}
+                "tinystories": ("bits_per_char", "bits_per_byte"),
+                "nanogpt_shakespeare_char": ("bits_per_char", "bits_per_byte")}
 
 
 # -- fixture data, served as each source's real files are -----------------------------------
@@ -79,7 +80,8 @@ def serve_tinystories(root: Path) -> dict:
 
 
 SERVE = {"cnn_dailymail": ("cnn", serve_cnn), "iwslt2017": ("iwslt", serve_iwslt),
-         "tiny_shakespeare": ("ts", serve_tiny_shakespeare), "tinystories": ("tiny", serve_tinystories)}
+         "tiny_shakespeare": ("ts", serve_tiny_shakespeare), "tinystories": ("tiny", serve_tinystories),
+         "nanogpt_shakespeare_char": ("ts", serve_tiny_shakespeare)}
 
 
 # -- the conftest-style shrink ----------------------------------------------------------------
@@ -108,6 +110,7 @@ def shrink(params: dict, source_options: dict, cache: Path) -> dict:
     if params["train_bpe"]["model_type"] == "bpe":
         tiny["train_bpe"] = {"vocab_size": 150}
     deep_update(params, tiny)
+    params["data"][params["data"]["source"]].pop("sha256", None)  # fixtures are not the pinned files
     for overrides in params["ablations"].values():  # an ablation that resizes the model, at toy size
         if "d_model" in (overrides or {}).get("model", {}):
             overrides["model"].update(d_model=16, d_ff=32)

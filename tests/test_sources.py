@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -10,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.fetch import ChecksumError, DownloadError
+from pipeline.fetch import ChecksumError, DownloadError, cache_path
 from pipeline.sources import SOURCES, TASKS, get_source, write_raw
 from pipeline.sources.formats import split_paragraphs
 from tests.fixtures.sources.server import closed_port_url, serve
@@ -98,10 +100,79 @@ def test_pin_for_an_unknown_file_names_the_key(hub, tmp_path):
         run("cnn_dailymail", {**cnn_shards(hub), "sha256": {"nope.parquet": "0" * 64}}, tmp_path)
 
 
-def test_offline_source_error_points_to_cache_and_local(tmp_path):
-    options = {"base_url": closed_port_url("ts").rsplit("/", 1)[0], "retries": 0}
-    with pytest.raises(DownloadError, match=r"put it at .*cache.*input.txt.*`local`"):
-        run("tiny_shakespeare", options, tmp_path)
+def test_offline_error_lists_every_needed_file_at_once_and_fails_fast(tmp_path):
+    files = {"train": ["train-0.parquet", "train-1.parquet"], "validation": ["val.parquet"]}
+    base_url = closed_port_url("cnn/3.0.0").rsplit("/", 1)[0]  # default retries and backoff
+    start = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        run("cnn_dailymail", {"base_url": base_url, "files": files}, tmp_path)
+    assert time.monotonic() - start < 2  # refused: no retries with backoff (that took ~15 s)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("cnn_dailymail: cannot download ")
+    for split, shards in files.items():
+        for shard in shards:  # the shards not attempted yet are listed too
+            path = cache_path(tmp_path / "cache", f"{base_url}/{shard}")
+            assert f"{shard} -> {path}" in message
+    for alternative in ("data.cache_dir", "$ABLATION_LAB_CACHE", "data.source: local"):
+        assert alternative in message
+    assert not (tmp_path / "raw").exists()
+
+
+def test_offline_error_names_the_prefix_file_of_max_bytes(tmp_path):
+    base_url = closed_port_url("tiny").rsplit("/", 1)[0]
+    with pytest.raises(DownloadError) as info:
+        run("tinystories", {"base_url": base_url, "max_bytes": 100}, tmp_path)
+    path = cache_path(tmp_path / "cache", f"{base_url}/TinyStoriesV2-GPT4-valid.txt")
+    assert (f"TinyStoriesV2-GPT4-valid.txt (its first 100 bytes) -> {path}.first-100-bytes"
+            in str(info.value))
+
+
+def forbid_network(monkeypatch) -> None:
+    def urlopen(*args, **kwargs):
+        raise AssertionError("the network was used")
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+
+
+@pytest.mark.parametrize("name", ["cnn_dailymail", "tinystories"])
+def test_a_cached_source_never_touches_the_network(hub, tmp_path, monkeypatch, name):
+    if name == "cnn_dailymail":
+        options = cnn_shards(hub)
+    else:  # a max_bytes prefix is found under its own cache name
+        options = {**tinystories(hub)[0], "max_bytes": 600}
+    first, _ = run(name, options, tmp_path)
+    n_requests = len(hub.log)
+    hub.shutdown()  # offline from now on
+    hub.server_close()
+    forbid_network(monkeypatch)
+    start = time.monotonic()
+    second, _ = run(name, options, tmp_path)
+    assert time.monotonic() - start < 2 and len(hub.log) == n_requests
+    assert all(second[s].equals(first[s]) for s in first)
+
+
+def test_partly_cached_source_lists_only_the_missing_files(hub, tmp_path):
+    options = cnn_shards(hub)
+    run("cnn_dailymail", options, tmp_path)
+    cached = {f: cache_path(tmp_path / "cache", hub.url(f"cnn/3.0.0/{f}"))
+              for f in ("train-0.parquet", "train-1.parquet", "val.parquet")}
+    cached["train-1.parquet"].unlink()
+    cached["val.parquet"].unlink()
+    hub.shutdown()
+    hub.server_close()
+    with pytest.raises(DownloadError, match="cannot download .*train-1.parquet") as info:
+        run("cnn_dailymail", options, tmp_path)
+    message = str(info.value)
+    assert f"train-1.parquet -> {cached['train-1.parquet']}" in message
+    assert f"val.parquet -> {cached['val.parquet']}" in message  # not attempted, still listed
+    assert str(cached["train-0.parquet"]) not in message
+
+
+def test_server_errors_are_still_retried_and_then_list_the_files(hub, tmp_path):
+    options = cnn_shards(hub)
+    hub.add_faults("cnn/3.0.0/train-0.parquet", *["500"] * 5)
+    with pytest.raises(DownloadError, match=r"HTTP 500 .*2 attempts.*val.parquet -> "):
+        run("cnn_dailymail", options, tmp_path)
+    assert len(hub.requests_for("cnn/3.0.0/train-0.parquet")) == 2  # FAST: retries 1
 
 
 def test_tiny_shakespeare_splits_speeches_contiguously(hub, tmp_path):
@@ -231,6 +302,7 @@ def test_registry_lists_every_source_with_task_fetch_and_strict_options():
     for name, source in SOURCES.items():
         assert source.task in (*TASKS, None) and callable(source.fetch)
         assert source.Options.model_config["extra"] == "forbid"
+        assert name == "local" or callable(source.needed_files)
     with pytest.raises(ValueError, match="unknown source 'wikitext'"):
         get_source("wikitext")
 
@@ -243,3 +315,17 @@ def test_write_raw_rejects_bad_splits_and_values(tmp_path):
         write_raw(tmp_path, {"train": {"source": ["a", "b"], "target": ["c", None]}}, meta)
     with pytest.raises(ValueError, match="meta.task"):
         write_raw(tmp_path, {"train": {"source": ["a"], "target": ["b"]}}, {"task": "chat"})
+
+
+def test_tiny_shakespeare_character_split_is_nanogpts_cut():
+    from pipeline.sources.tiny_shakespeare import Options, split_characters
+
+    text = "First Citizen:\nSpeak.\n\nAll:\nSpeak, speak.\n" * 7
+    splits, notes = split_characters(text, 0.1, 0.0)
+    n = int(len(text) * 0.9)
+    assert splits["train"] == [text[:n]] and splits["validation"] == [text[n:]]
+    assert splits["test"] == splits["validation"] and "test split is the validation text" in notes[0]
+    splits, notes = split_characters(text, 0.1, 0.1)
+    assert "".join(d for s in ("train", "validation", "test") for d in splits[s]) == text and not notes
+    with pytest.raises(ValueError, match="needs split_unit: characters"):
+        Options(test_fraction=0.0)

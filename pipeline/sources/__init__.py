@@ -6,6 +6,10 @@ Every source is a module `pipeline.sources.<name>` with
     fetch(options: dict, cache_dir: Path, out_dir: Path) -> None
         downloads into cache_dir (reused when present and valid) and writes
         out_dir/<split>.parquet (string columns source, target) and out_dir/meta.json.
+and the downloaded (remote) sources also
+    needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]
+        every file the options call for, with its URL and cache path, known before any download;
+        `RemoteFiles` checks them against the cache first and names the missing ones when offline.
 meta.json["task"] is authoritative (it is the only place `local` records its task).
 
 `SOURCES` maps name -> module and imports a module only when it is looked up, so importing this
@@ -14,7 +18,9 @@ package has no side effects and one broken or missing source cannot break the ot
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, TypeVar
@@ -25,7 +31,10 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from pipeline.atomic import atomic_path, atomic_write_json
-from pipeline.fetch import cache_path, fetch, sha256_file
+from pipeline.fetch import (ChecksumError, DownloadError, cache_path, fetch, is_cached,
+                            sha256_file)
+
+log = logging.getLogger(__name__)
 
 TASKS = ("summarization", "translation", "language_modeling")
 SPLITS = ("train", "validation", "test")
@@ -108,19 +117,82 @@ def check_pins(opts: RemoteOptions, files: Sequence[str], source: str) -> None:
             raise ValueError(f"data.{source}.sha256.{key}: not one of the files ({', '.join(files)})")
 
 
-def download(base_url: str, file: str, cache_dir: Path, opts: RemoteOptions,
-             max_bytes: int | None = None) -> tuple[Path, dict]:
-    """Fetch `<base_url>/<file>` into the cache; return its path and a provenance record."""
+@dataclass(frozen=True)
+class NeededFile:
+    """One file a remote source reads, known from its options before anything is downloaded."""
+    split: str | None  # None: one file feeds every split (tiny_shakespeare cuts one text in three)
+    file: str  # as named in the options (and as the key of a sha256 pin)
+    url: str
+    path: Path  # where the cache keeps it, i.e. where to put it by hand when offline
+    max_bytes: int | None = None  # only this many leading bytes are downloaded and kept
+
+
+def needed_file(base_url: str, file: str, cache_dir: Path, split: str | None = None,
+                max_bytes: int | None = None) -> NeededFile:
+    """`<base_url>/<file>` and its cache path."""
     url = base_url.rstrip("/") + "/" + file.lstrip("/")
     path = cache_path(cache_dir, url)
     if max_bytes is not None:  # a prefix must never be mistaken for the whole file in the cache
         path = path.with_name(f"{path.name}.first-{max_bytes}-bytes")
-    path = fetch(url, path, sha256=opts.sha256.get(file),
-                 retries=opts.retries, timeout=opts.timeout_s, max_bytes=max_bytes)
-    record = {"file": file, "url": url, "sha256": sha256_file(path), "bytes": path.stat().st_size}
-    if max_bytes is not None:
-        record["max_bytes"] = max_bytes
-    return path, record
+    return NeededFile(split, file, url, path, max_bytes)
+
+
+class RemoteFiles:
+    """A source's needed files, checked against the cache before anything is downloaded.
+
+    A file that is in the cache and verifies (sha256 pin) is used as it is, so a source whose
+    files are all cached never touches the network. When a download fails for good, the error
+    lists every needed file still missing, also those not attempted yet, with the path to put
+    each at: an offline user learns everything from one run instead of one file per run.
+    """
+
+    def __init__(self, source: str, needed: Sequence[NeededFile], opts: RemoteOptions):
+        check_pins(opts, list(dict.fromkeys(n.file for n in needed)), source)
+        self.source, self.needed, self.opts = source, list(needed), opts
+        self.cached = {n.path for n in self.needed
+                       if is_cached(n.path, sha256=opts.sha256.get(n.file))}
+        if self.missing():
+            log.info("%s: %d of %d files are cached; downloading the others", source,
+                     len(self.cached), len({n.path for n in self.needed}))
+
+    def missing(self) -> list[NeededFile]:
+        """The needed files not in the cache yet, in order, each path once."""
+        missing: dict[Path, NeededFile] = {}
+        for n in self.needed:
+            if n.path not in self.cached:
+                missing.setdefault(n.path, n)
+        return list(missing.values())
+
+    def get(self, item: NeededFile) -> tuple[Path, dict]:
+        """`item`'s cached file (downloaded first if missing) and its provenance record."""
+        pin = self.opts.sha256.get(item.file)
+        if item.path in self.cached:
+            log.info("using cached %s", item.path)
+        else:
+            try:
+                fetch(item.url, item.path, sha256=pin, retries=self.opts.retries,
+                      timeout=self.opts.timeout_s, max_bytes=item.max_bytes)
+            except ChecksumError:
+                raise  # the server sent wrong bytes: a list of files to place does not help
+            except DownloadError as err:
+                raise DownloadError(self._missing_message(item, err), reason=err.reason) from err
+            self.cached.add(item.path)
+        record = {"file": item.file, "url": item.url,
+                  "sha256": pin.lower() if pin else sha256_file(item.path),  # a pin was verified
+                  "bytes": item.path.stat().st_size}
+        if item.max_bytes is not None:
+            record["max_bytes"] = item.max_bytes
+        return item.path, record
+
+    def _missing_message(self, failed: NeededFile, err: DownloadError) -> str:
+        """One line (stages print only the first): the failure, then every missing file."""
+        where = "; ".join(
+            f"{n.file}{'' if n.max_bytes is None else f' (its first {n.max_bytes} bytes)'}"
+            f" -> {n.path.absolute()}" for n in self.missing())
+        return (f"{self.source}: cannot download {failed.url} ({err.reason}); offline? put these "
+                f"files in the cache by hand: {where} (or set data.cache_dir or "
+                f"$ABLATION_LAB_CACHE to a cache that has them, or use data.source: local with "
+                f"your own files)")
 
 
 def write_raw(out_dir: Path, splits: Mapping[str, Mapping[str, Sequence[str]]], meta: dict) -> dict:

@@ -3,6 +3,8 @@
 Reads the parquet shards of the Hugging Face hub dataset `abisee/cnn_dailymail` (columns id,
 article, highlights): article -> source, highlights -> target. Shards are fetched in order and,
 with `max_rows`, only until the split has enough rows (the train shards are ~250 MB each).
+`needed_files` still lists every shard: how many a split uses depends on row counts that are only
+known once the shards are read, so an offline error asks for all of them.
 """
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.sources import (RemoteOptions, Split, check_pins, download, parse_options,
-                              write_raw)
+from pipeline.sources import (NeededFile, RemoteFiles, RemoteOptions, Split, needed_file,
+                              parse_options, write_raw)
 from pipeline.sources.formats import read_parquet
 
 NAME = "cnn_dailymail"
@@ -31,21 +33,26 @@ class Options(RemoteOptions):
         default_factory=lambda: {k: list(v) for k, v in FILES.items()})
 
 
+def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
+    """Every shard of every split, in order (with max_rows, the later ones may go unread)."""
+    return [needed_file(opts.base_url, shard, cache_dir, split)
+            for split, shards in opts.files.items() for shard in shards]
+
+
 def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
     opts = parse_options(Options, options, NAME)
-    check_pins(opts, [f for shards in opts.files.values() for f in shards], NAME)
-    splits, records = {}, []
-    for split, shards in opts.files.items():
-        rows: dict[str, list[str]] = {"source": [], "target": []}
-        for shard in shards:
-            left = None if opts.max_rows is None else opts.max_rows - len(rows["source"])
-            if left == 0:
-                break  # enough rows: do not download the remaining shards
-            path, record = download(opts.base_url, shard, cache_dir, opts)
-            records.append({"split": split, **record})
-            table = read_parquet(path, ["article", "highlights"], left)
-            rows["source"] += table["article"]
-            rows["target"] += table["highlights"]
-        splits[split] = rows
+    files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
+    splits = {split: {"source": [], "target": []} for split in opts.files}
+    records = []
+    for item in files.needed:
+        rows = splits[item.split]
+        left = None if opts.max_rows is None else opts.max_rows - len(rows["source"])
+        if left == 0:
+            continue  # enough rows: do not download the split's remaining shards
+        path, record = files.get(item)
+        records.append({"split": item.split, **record})
+        table = read_parquet(path, ["article", "highlights"], left)
+        rows["source"] += table["article"]
+        rows["target"] += table["highlights"]
     write_raw(out_dir, splits, {"source": NAME, "task": task, "files": records,
                                 "options": opts.model_dump()})

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.sources import (Direction, RemoteOptions, Split, check_pins, download,
-                              parse_options, write_raw)
+from pipeline.sources import (Direction, NeededFile, RemoteFiles, RemoteOptions, Split,
+                              needed_file, parse_options, write_raw)
 from pipeline.sources.formats import read_parquet
 
 NAME = "iwslt2017"
@@ -29,13 +29,19 @@ class Options(RemoteOptions):
     direction: Direction = "en-de"
 
 
+def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
+    return [needed_file(opts.base_url, file, cache_dir, split)
+            for split, file in opts.files.items()]
+
+
 def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
     opts = parse_options(Options, options, NAME)
-    check_pins(opts, list(opts.files.values()), NAME)
+    files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
     src_lang, tgt_lang = opts.direction.split("-")
     splits, records = {}, []
-    for split, file in opts.files.items():
-        path, record = download(opts.base_url, file, cache_dir, opts)
+    for item in files.needed:
+        split = item.split
+        path, record = files.get(item)
         records.append({"split": split, **record})
         pairs = read_parquet(path, ["translation"], opts.max_rows)["translation"]
         for i, pair in enumerate(pairs):

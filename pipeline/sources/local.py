@@ -1,37 +1,82 @@
-"""Your own files as a dataset: parquet, jsonl, csv or txt, one or more paths per split.
+"""Your own files as a dataset: parquet, jsonl, json, csv, plain text or parallel text.
 
     data:
       source: local
       local:
-        task: translation
-        paths: {train: my/train.jsonl, validation: my/dev.jsonl, test: my/test.jsonl}
+        task: translation          # summarization | translation | language_modeling
+        paths: {train: data/local/my/train.jsonl, validation: data/local/my/dev.jsonl}
         columns: {source: en, target: de}
 
-A path may be a file, a list of files, or a directory (its files of the chosen format, sorted by
-name). The format comes from the suffix (.parquet .jsonl .csv .txt) unless `format` is set.
-Tabular files map `columns.source` / `columns.target` to source / target; for language modelling
-only the target column is read and source is "". Text files are for language modelling only:
-each blank-line separated block is a document (`documents: paragraph`) or each file is one
-(`documents: file`). Relative paths are relative to the working directory (the repo root under
-DVC; list them as deps of the download stage so edits rerun it). Nothing is downloaded or cached.
+Paths. A split's entry is a file, a directory (its files whose format the name tells, or with
+`format` set every non-hidden file, sorted by name), a pair of line-aligned text files
+{source: PATH, target: PATH}, or a list of these. A split left out is carved from train by the
+filter stage. Relative paths are relative to the working directory; under DVC the files live in
+data/local/ (the folder dvc.yaml tracks, so edits rerun `download`). Nothing is downloaded or
+cached.
+
+Formats, told by the suffix (under a `.gz`: `train.jsonl.gz` is gzip-compressed jsonl) unless
+`format` (parquet | jsonl | json | csv | txt) is set, which also reads a misnamed gzip file.
+A name that disagrees with the first bytes (gzip named .jsonl, parquet named .jsonl, .gz that is
+not gzip) is an error before anything is parsed. Text is UTF-8. Examples:
+
+    paths: {train: data/local/cnn/train.parquet}       # a dotted column may be a struct field
+    columns: {source: article, target: highlights}
+
+    paths: {train: data/local/m/train.jsonl.gz}        # {"en": "Hello.", "de": "Hallo."} a line
+    columns: {source: en, target: de}
+
+    paths: {train: data/local/iwslt/train.json}        # [{"translation": {"de": .., "en": ..}}]
+    columns: {source: translation.en, target: translation.de}   # dotted: nested keys
+
+    paths: {train: data/local/cnn/train.csv.gz}        # header row; cells stay strings
+    columns: {source: article, target: highlights}
+
+    paths: {train: {source: data/local/m30k/train.en.gz, target: data/local/m30k/train.de.gz}}
+
+The last is parallel text as Moses, fairseq, Multi30k and WMT ship it: line i of the source file
+goes with line i of the target file (each line loses only its "\\n" or "\\r\\n"); the files must
+have the same number of lines; translation and summarization only; `format` does not apply
+(except that, when set, the first bytes rather than the name tell whether a file is gzip).
+
+Language modelling: target is the text and source is "". From tabular files, each record of
+`columns.target` is one document. Text files (.txt) are split into documents by `documents`:
+
+    documents: paragraph   # default: each blank-line separated block is its own document
+    documents: line        # one document per non-blank line (one story per line)
+    documents: file        # the whole file is one document
+    documents: separator   # documents end at `separator`, e.g. TinyStories:
+    separator: "<|endoftext|>"
+
+A document is one row and is never split across rows, so with `paragraph` a story of several
+paragraphs becomes several rows: use line, file or separator to keep stories whole. A document
+keeps its inner newlines ("\\r\\n" read as "\\n"); only blank space around it is stripped. The
+filter stage carves missing language-modelling splits from the end of train, in file order.
+
+`max_rows` keeps the first N rows of each split (files are parsed only as far as needed, except
+that both parallel files are counted to the end).
 """
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, PositiveInt, Tag, field_validator
 
 from pipeline.fetch import sha256_file
 from pipeline.sources import Split, parse_options, write_raw
-from pipeline.sources.formats import read_csv, read_jsonl, read_parquet, split_paragraphs
+from pipeline.sources.formats import (GZIP_MAGIC, PARQUET_MAGIC, head_bytes, is_parquet,
+                                      iter_delimited, iter_json, iter_jsonl, iter_lines,
+                                      iter_paragraphs, read_csv, read_parallel, read_parquet,
+                                      read_text)
 
 NAME = "local"
 task = None  # chosen by the `task` option; meta.json records it
 
-Format = Literal["parquet", "jsonl", "csv", "txt"]
-SUFFIXES: dict[str, Format] = {".parquet": "parquet", ".jsonl": "jsonl", ".csv": "csv",
-                               ".txt": "txt"}
+Format = Literal["parquet", "jsonl", "json", "csv", "txt"]
+SUFFIXES: dict[str, Format] = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "json",
+                               ".csv": "csv", ".txt": "txt"}
 
 
 class Columns(BaseModel):
@@ -40,102 +85,215 @@ class Columns(BaseModel):
     target: str = "target"
 
 
+class Pair(BaseModel):
+    """Line-aligned parallel text files."""
+    model_config = ConfigDict(extra="forbid")
+    source: str
+    target: str
+
+
+# Tagged so that a bad pair is reported at its own key (paths.train.0.pair.target), not as
+# "not a string".
+Entry = Annotated[Union[Annotated[str, Tag("file")], Annotated[Pair, Tag("pair")]],
+                  Discriminator(lambda v: "pair" if isinstance(v, (dict, Pair)) else "file")]
+
+
 class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: Literal["summarization", "translation", "language_modeling"]
-    paths: dict[Split, list[str]]  # a single path is accepted and becomes a one-item list
-    format: Literal["auto", "parquet", "jsonl", "csv", "txt"] = "auto"
+    paths: dict[Split, list[Entry]]  # a single path or pair is accepted and becomes a list
+    format: Literal["auto", "parquet", "jsonl", "json", "csv", "txt"] = "auto"
     columns: Columns = Columns()
-    documents: Literal["paragraph", "file"] = "paragraph"  # txt only
+    documents: Literal["paragraph", "line", "file", "separator"] = "paragraph"  # txt only
+    separator: str | None = None  # with documents: separator
     max_rows: PositiveInt | None = None  # keep the first N rows of each split
 
     @field_validator("paths", mode="before")
     @classmethod
-    def _one_path_is_a_list(cls, value: object) -> object:
+    def _one_entry_is_a_list(cls, value: object) -> object:
         if isinstance(value, dict):
-            return {k: [v] if isinstance(v, str) else v for k, v in value.items()}
+            return {k: v if isinstance(v, list) else [v] for k, v in value.items()}
         return value
 
 
 def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:  # noqa: ARG001 (no cache)
     opts = parse_options(Options, options, NAME)
-    if "train" not in opts.paths:
-        raise ValueError(f"data.{NAME}.paths.train: required (a file, list of files or directory)")
+    _check(opts)
     splits, records = {}, []
     for split, entry in opts.paths.items():
+        key = f"data.{NAME}.paths.{split}"
         rows: dict[str, list[str]] = {"source": [], "target": []}
-        for path in _expand(entry, opts.format, f"data.{NAME}.paths.{split}"):
-            if opts.max_rows is not None and len(rows["target"]) >= opts.max_rows:
-                break
+        for item in _expand(entry, opts, key):
             left = None if opts.max_rows is None else opts.max_rows - len(rows["target"])
-            sources, targets = _read(path, _format_of(path, opts.format), opts, left)
+            if left == 0:
+                break
+            if isinstance(item, tuple):
+                gz = tuple(_kind(p, "lines", opts.format != "auto")[1] for p in item)
+                sources, targets = read_parallel(*item, max_rows=left, gz=gz)
+            else:
+                sources, targets = _read(item, opts, left)
             rows["source"] += sources
             rows["target"] += targets
-            records.append({"split": split, "path": str(path), "sha256": sha256_file(path),
-                            "bytes": path.stat().st_size})
+            for p in item if isinstance(item, tuple) else (item,):
+                records.append({"split": split, "path": str(p), "sha256": sha256_file(p),
+                                "bytes": p.stat().st_size})
         if not rows["target"]:
-            raise ValueError(f"data.{NAME}.paths.{split}: no rows found in {entry}")
+            raise ValueError(f"{key}: no rows found in {[_show(e) for e in entry]}")
         splits[split] = rows
     write_raw(out_dir, splits, {"source": NAME, "task": opts.task, "files": records,
                                 "options": opts.model_dump()})
 
 
-def _expand(entry: list[str], fmt: str, key: str) -> list[Path]:
-    paths: list[Path] = []
+def _check(opts: Options) -> None:
+    if "train" not in opts.paths:
+        raise ValueError(f"data.{NAME}.paths.train: required (a file, list of files or directory)")
+    key = f"data.{NAME}.separator"
+    if opts.documents == "separator" and not opts.separator:
+        raise ValueError(f'{key}: required with documents: separator (e.g. "<|endoftext|>")')
+    if opts.separator is not None and opts.documents != "separator":
+        raise ValueError(f"{key}: only used with documents: separator "
+                         f"(documents is {opts.documents})")
+    if opts.separator and "\n" in opts.separator:  # documents are split line by line
+        raise ValueError(f"{key}: must not contain a line break "
+                         f"(documents: paragraph splits at blank lines)")
+
+
+def _show(entry: str | Pair) -> Any:
+    return entry.model_dump() if isinstance(entry, Pair) else entry
+
+
+def _expand(entry: list[str | Pair], opts: Options, key: str) -> list[Path | tuple[Path, Path]]:
+    """The files (and pairs of files) of a split, all checked before any is read."""
+    items: list[Path | tuple[Path, Path]] = []
     for item in entry:
+        if isinstance(item, Pair):
+            if opts.task == "language_modeling":
+                raise ValueError(f"{key}: a source/target pair of parallel files needs task "
+                                 f"translation or summarization, not language_modeling")
+            items.append((_file(item.source, f"{key}.source"), _file(item.target, f"{key}.target")))
+            continue
         p = Path(item).expanduser()
         if p.is_dir():
-            # auto: the files with a known suffix; explicit format: every non-hidden file
+            # auto: the files whose name tells the format; explicit format: every non-hidden file
             found = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
-                           and (fmt != "auto" or f.suffix in SUFFIXES))
+                           and (opts.format != "auto" or _named_format(f)[0] is not None))
             if not found:
                 raise ValueError(f"{key}: directory {p} holds no data files")
-            paths += found
-        elif p.is_file():
-            paths.append(p)
+            items += found
         else:
-            raise ValueError(f"{key}: no such file or directory: {p}")
-    return paths
+            items.append(_file(item, key))
+    return items
 
 
-def _format_of(path: Path, fmt: str) -> Format:
-    if fmt != "auto":
-        return fmt  # type: ignore[return-value]
-    if path.suffix not in SUFFIXES:
-        raise ValueError(f"{path}: cannot tell the format from the suffix; set data.{NAME}.format")
-    return SUFFIXES[path.suffix]
+def _file(item: str, key: str) -> Path:
+    p = Path(item).expanduser()
+    if p.is_dir():  # only a pair's side gets here with a directory
+        raise ValueError(f"{key}: {p} is a directory; a parallel pair is two files")
+    if not p.is_file():
+        raise ValueError(f"{key}: no such file or directory: {p}")
+    return p
 
 
-def _read(path: Path, fmt: Format, opts: Options, max_rows: int | None
-          ) -> tuple[list[str], list[str]]:
+def _named_format(path: Path) -> tuple[Format | None, bool]:
+    """The format the name says (the suffix under a .gz) and whether it says gzip."""
+    name = path.name.lower()
+    gz = name.endswith(".gz")
+    return SUFFIXES.get(Path(name[:-3] if gz else name).suffix), gz
+
+
+def _kind(path: Path, fmt: str, explicit: bool) -> tuple[str, bool]:
+    """The file's format and whether it is gzip-compressed, checked against its first bytes.
+
+    fmt: the `format` option, or "lines" for a parallel text file. With an explicit format the
+    bytes decide about gzip; otherwise name and bytes must agree (a name that lies would mislead
+    every other tool too, and reading on would fail with a confusing parse error).
+    """
+    head = head_bytes(path)
+    gz = head.startswith(GZIP_MAGIC)
+    shown = " ".join(f"0x{b:02x}" for b in head[:2])
+    fix = f"data.{NAME}.format"
+    if fmt == "auto":
+        fmt, named_gz = _named_format(path)
+        if fmt is None:
+            raise ValueError(f"{path}: cannot tell the format from the suffix; set {fix}")
+    else:
+        named_gz = path.name.lower().endswith(".gz")
+    if not explicit and gz and not named_gz:
+        raise ValueError(f"{path}: looks gzip-compressed (starts with {shown}); "
+                         f"name it {path}.gz or set {fix}")
+    if not explicit and named_gz and not gz:
+        raise ValueError(f"{path}: named .gz but not gzip-compressed (starts with {shown}); "
+                         f"rename it or set {fix}")
+    if fmt == "parquet":
+        if gz:
+            raise ValueError(f"{path}: gzip-compressed parquet; decompress it (parquet files "
+                             f"are compressed inside)")
+        if head != PARQUET_MAGIC:
+            raise ValueError(f"{path}: not a parquet file (starts with {head[:4]!r}, not "
+                             f"{PARQUET_MAGIC!r}); name it after its format or set {fix}")
+    elif is_parquet(path):
+        raise ValueError(f"{path}: looks like a parquet file (starts with PAR1), not {fmt}; "
+                         f"name it *.parquet or set {fix}: parquet")
+    return fmt, gz
+
+
+def _read(path: Path, opts: Options, max_rows: int | None) -> tuple[list[str], list[str]]:
+    fmt, gz = _kind(path, opts.format, opts.format != "auto")
     lm = opts.task == "language_modeling"
     if fmt == "txt":
         if not lm:
             raise ValueError(f"{path}: .txt files only work with task language_modeling "
-                             f"(task is {opts.task}); use parquet, jsonl or csv with columns")
-        text = path.read_text(encoding="utf-8")
-        docs = [text.strip()] if opts.documents == "file" else split_paragraphs(text)
-        docs = [d for d in docs if d][:max_rows]
+                             f"(task is {opts.task}); use parquet, jsonl, json or csv with "
+                             f"columns, or a {{source, target}} pair of line-aligned files")
+        docs = list(itertools.islice(_documents(path, gz, opts), max_rows))
         return [""] * len(docs), docs
-    wanted = [opts.columns.target] if lm else [opts.columns.source, opts.columns.target]
+    wanted = list(dict.fromkeys([opts.columns.target] if lm
+                                else [opts.columns.source, opts.columns.target]))
     if fmt == "parquet":
         table = read_parquet(path, wanted, max_rows)
     elif fmt == "csv":
-        df = read_csv(path, max_rows)
+        df = read_csv(path, max_rows, gz)
         missing = [c for c in wanted if c not in df.columns]
         if missing:
             raise ValueError(f"{path}: no column {missing[0]!r} (columns: {', '.join(df.columns)})")
         table = {c: df[c].tolist() for c in wanted}
     else:
-        records = read_jsonl(path, max_rows)
-        for i, rec in enumerate(records):
-            missing = [c for c in wanted if c not in rec]
-            if missing:
-                raise ValueError(f"{path}: record {i + 1} has no key {missing[0]!r}")
-        table = {c: [rec[c] for rec in records] for c in wanted}
+        records = (iter_jsonl if fmt == "jsonl" else iter_json)(path, gz)
+        table = {c: [] for c in wanted}
+        for i, rec in enumerate(itertools.islice(records, max_rows), 1):
+            for c in wanted:
+                table[c].append(_lookup(rec, c, path, i))
     for c in wanted:
         bad = next((i for i, v in enumerate(table[c]) if not isinstance(v, str)), None)
         if bad is not None:
-            raise ValueError(f"{path}: row {bad} column {c!r} is {table[c][bad]!r}, not a string")
+            v = table[c][bad]
+            hint = (f"; pick a field with a dotted name, e.g. {c}.{next(iter(v))}"
+                    if isinstance(v, dict) and v else "")
+            raise ValueError(f"{path}: row {bad} column {c!r} is {v!r}, not a string{hint}")
     targets = table[opts.columns.target]
     return ([""] * len(targets) if lm else table[opts.columns.source]), targets
+
+
+def _documents(path: Path, gz: bool, opts: Options) -> Iterator[str]:
+    if opts.documents == "separator":
+        return iter_delimited(path, opts.separator or "", gz=gz, errors="strict")
+    if opts.documents == "line":
+        return iter_lines(path, gz)
+    if opts.documents == "file":
+        return iter(d for d in [read_text(path, gz).strip()] if d)
+    return iter_paragraphs(path, gz)
+
+
+def _lookup(record: dict, key: str, path: Path, i: int) -> Any:
+    """record[key]; a dotted key that is not a key walks nested objects ("translation.en")."""
+    if key in record:
+        return record[key]
+    value: Any = record
+    for depth, part in enumerate(key.split(".")):
+        if not isinstance(value, dict) or part not in value:
+            parent = ".".join(key.split(".")[:depth]) or "the record"
+            has = (f"{parent} has keys: {', '.join(map(str, value))}" if isinstance(value, dict)
+                   else f"{parent} is a {type(value).__name__}")
+            raise ValueError(f"{path}: record {i} has no key {key!r} ({has})")
+        value = value[part]
+    return value

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pydantic import Field, PositiveInt
 
-from pipeline.sources import RemoteOptions, Split, check_pins, download, parse_options, write_raw
+from pipeline.sources import (NeededFile, RemoteFiles, RemoteOptions, Split, needed_file,
+                              parse_options, write_raw)
 from pipeline.sources.formats import iter_delimited
 
 NAME = "tinystories"
@@ -34,12 +35,19 @@ class Options(RemoteOptions):
     test_from_validation: float = Field(0.5, ge=0, lt=1)
 
 
+def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
+    """One file per split; with max_bytes, its prefix (cached under a `.first-N-bytes` name)."""
+    return [needed_file(opts.base_url, file, cache_dir, split, opts.max_bytes)
+            for split, file in opts.files.items()]
+
+
 def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
     opts = parse_options(Options, options, NAME)
-    check_pins(opts, list(opts.files.values()), NAME)
+    files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
     stories, records = {}, []
-    for split, file in opts.files.items():
-        path, record = download(opts.base_url, file, cache_dir, opts, max_bytes=opts.max_bytes)
+    for item in files.needed:
+        split = item.split
+        path, record = files.get(item)
         records.append({"split": split, **record})
         # a file exactly max_bytes long was (almost surely) cut mid-story
         cut = opts.max_bytes is not None and record["bytes"] == opts.max_bytes
