@@ -127,9 +127,18 @@ class EvaluateParams(Section):
     batch_size: int = Field(32, gt=0)
 
 
+class Reference(Section):
+    """A published or separately measured result the baseline is compared with (e.g. nanoGPT's)."""
+    metric: str  # an eval.json metric, e.g. val_loss
+    value: float
+    source: str  # where the number comes from, shown beside it
+
+
 class ReportParams(Section):
     baseline: str = "baseline"
     experiment: str = "ablation-lab"  # MLflow experiment that holds every run
+    notes: list[str] = []  # printed in the report's setup: what a preset matched, what differs
+    reference: Reference | None = None
 
 
 class Params(Section):

@@ -8,8 +8,9 @@ Design decisions:
   every number in the report comes from those files. A missing file or value is shown as missing
   (—), never as zero; an unreadable file stops the stage with one line naming it (exit code 1).
 - Statistics are in pipeline.stats (t-intervals over seeds, paired t-test vs the baseline).
-- The whole output directory is built in a temporary directory and swapped in at the end, so a
-  failure leaves the previous report intact instead of a half-written one.
+- The outputs are built in a temporary directory and swapped in at the end, each atomically, so a
+  failure leaves the previous report intact instead of a half-written one. Only the stage's own
+  outputs are replaced: reports/studies/ (committed study reports) lives beside them.
 - MLflow only mirrors: one parent run holds the report as artifacts and adopts each training run
   as a child. Any MLflow failure is a warning; the report on disk is the result.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -31,7 +34,8 @@ from pipeline.report_figures import figure_blocks
 from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
 from pipeline.report_render import Paragraph, to_html, to_markdown
 from pipeline.report_tables import (
-    compute_results, cost_blocks, data_blocks, output_blocks, params_blocks, per_run_blocks, results_blocks,
+    compute_results, cost_blocks, data_blocks, output_blocks, params_blocks, per_run_blocks, reference_blocks,
+    results_blocks,
     samples_blocks, setup_blocks,
 )
 
@@ -45,6 +49,7 @@ BUDGET_KEYS = ("budget_tokens", "budget_steps")
 def render_report(
     runs_dir: Path, evals_dir: Path, filter_metrics: Path, variants: Sequence[str], seeds: Sequence[int],
     baseline: str, budget: Mapping[str, object], out_dir: Path,
+    notes: Sequence[str] = (), reference: Mapping | None = None,
 ) -> dict[str, dict[str, str]]:
     """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
 
@@ -61,12 +66,18 @@ def render_report(
     results = compute_results(runs, variants, seeds, baseline)
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
 
-    with atomic_path(out_dir) as tmp:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Built whole in a scratch folder, then each output swapped in atomically: a failure leaves the
+    # previous report, and the folder's other contents (reports/studies/) are never touched.
+    with tempfile.TemporaryDirectory(prefix=".report-build.", dir=out_dir) as build:
+        tmp = Path(build)
         (tmp / "figures").mkdir(parents=True)
         blocks = (
             [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
-            + setup_blocks(runs, variants, seeds, baseline, budget, task)
+            + setup_blocks(runs, variants, seeds, baseline, budget, task, notes)
             + results_blocks(results, variants, baseline, runs, seeds)
+            + reference_blocks(results, baseline, reference)
             + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
             + params_blocks(runs, variants, seeds)
             + cost_blocks(runs, variants, seeds)
@@ -79,6 +90,9 @@ def render_report(
         (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
         (tmp / "metrics.json").write_text(json.dumps(metrics_summary(results, variants), indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
+        for item in sorted(tmp.iterdir()):
+            with atomic_path(out_dir / item.name) as dst:
+                os.replace(item, dst)
 
     links = {}
     for (variant, seed), run in runs.items():
@@ -148,6 +162,15 @@ def _read_params(path: Path) -> dict:
     for key in ("report", "train"):
         if params.get(key) is not None and not isinstance(params[key], dict):
             raise ReportInputError(f"{path}: key '{key}' must be a mapping")
+    from pydantic import ValidationError
+
+    from pipeline.params import ReportParams
+
+    try:  # this stage alone reads `report`, so it validates it (a typo must not pass silently)
+        ReportParams.model_validate(params.get("report") or {})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ReportInputError(f"{path}: report.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     baseline = (params.get("report") or {}).get("baseline", "baseline")
     if baseline not in params["ablations"]:
         raise ReportInputError(f"{path}: report.baseline {baseline!r} is not a key of 'ablations'")
@@ -173,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             baseline=str(report.get("baseline", "baseline")),
             budget={k: train[k] for k in BUDGET_KEYS if train.get(k) is not None},
             out_dir=args.out_dir,
+            notes=[str(n) for n in report.get("notes") or []], reference=report.get("reference"),
         )
     except ReportInputError as e:
         raise SystemExit(f"report: {e}") from None

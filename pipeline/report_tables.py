@@ -106,7 +106,8 @@ def _params_total(runs: Mapping[tuple[str, int], Run], variant: str, seeds: Sequ
     return " / ".join(fmt_int(t) for t in totals) if totals else MISSING
 
 
-def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: str | None) -> list[Block]:
+def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: str | None,
+                 notes: Sequence[str] = ()) -> list[Block]:
     """What was compared: task, seeds, baseline, budget, parameter counts and missing runs."""
     budget_parts = [f"{k} = {fmt_int(v) if isinstance(v, (int, float)) else v}" for k, v in budget.items()]
     budget_text = (
@@ -137,6 +138,7 @@ def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: st
         ),
         Paragraph(budget_text),
         Paragraph("Tokenizer normalisation (eval.json): " + (" | ".join(norms) or MISSING) + "."),
+        *[Paragraph(f"Note (params.yaml report.notes): {n}") for n in notes],
         Table(["variant", "parameters", "runs found", "missing"], rows, "Variants and runs"),
     ]
 
@@ -195,6 +197,24 @@ def results_blocks(results: Results, variants: Sequence[str], baseline: str, run
             ["Verdicts use a two-sided paired t-test at 5%; 'better'/'worse' account for the metric's direction."],
         ))
     return blocks
+
+
+def reference_blocks(results: Results, baseline: str, reference: Mapping | None) -> list[Block]:
+    """The baseline against an outside reference value (report.reference), with its interval."""
+    if not reference:
+        return []
+    metric, value, source = reference["metric"], float(reference["value"]), reference["source"]
+    s = results.summaries.get(baseline, {}).get(metric)
+    if s is None or s.mean is None:
+        return [Heading("Reference"), Paragraph(f"{metric} of {baseline}: {MISSING} (no run has it).")]
+    text = f"Reference ({source}): {metric} = {value:g}. {baseline}: {fmt_summary(s)}"
+    if s.half_width is not None:
+        lo, hi = s.mean - s.half_width, s.mean + s.half_width
+        inside = "inside" if lo <= value <= hi else "outside"
+        text += f", 95% interval [{fmt(lo)}, {fmt(hi)}]; the reference lies {inside} it"
+    better = (s.mean >= value) if higher_is_better(metric) else (s.mean <= value)
+    text += f". Mean {'at or better than' if better else 'worse than'} the reference by {fmt(abs(s.mean - value), 3)}."
+    return [Heading("Reference"), Paragraph(text)]
 
 
 def params_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Block]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 import sentencepiece as spm
 import torch
 
@@ -187,3 +188,29 @@ def test_editing_a_local_file_makes_dvc_rerun_download(tmp_path):
     assert "download" not in json.loads(dvc("status", "download", "--json"))
     corpus.write_text("One story, edited.\n\nAnother story.\n\nA third.\n")
     assert "download" in json.loads(dvc("status", "download", "--json"))
+
+
+def test_report_compares_the_baseline_with_a_stated_reference(tmp_path):
+    p = make_project(tmp_path)
+    values = [p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds]
+    mean = sum(values) / len(values)
+    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {},
+                  tmp_path / "r", notes=["matched: everything"],
+                  reference={"metric": "val_loss", "value": mean + 0.5, "source": "a paper"})
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Note (params.yaml report.notes): matched: everything" in md
+    line = next(x for x in md.splitlines() if x.startswith("Reference (a paper): val_loss"))
+    assert "lies outside it" in line and "at or better than the reference by 0.5" in line
+
+
+def test_the_report_stage_leaves_committed_study_reports_alone(tmp_path):
+    p = make_project(tmp_path)
+    study = tmp_path / "reports" / "studies" / "x" / "report.md"
+    study.parent.mkdir(parents=True)
+    study.write_text("a committed study")
+    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "reports")
+    assert study.read_text() == "a committed study" and (tmp_path / "reports" / "report.md").exists()
+    assert [c.name for c in (tmp_path / "reports").iterdir() if c.name.startswith(".")] == []
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["report"]
+    outs = [next(iter(o)) if isinstance(o, dict) else o for o in stage["outs"]]
+    assert all(o.startswith("reports/") and not o.startswith("reports/studies") for o in outs)
