@@ -64,7 +64,10 @@ def train_tokenizer(train_parquet: Path, out_dir: Path, cfg: TrainBpeParams) -> 
         input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
         pad_id=cfg.pad_id, unk_id=cfg.unk_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
         normalization_rule_name="identity", remove_extra_whitespaces=False,
-        add_dummy_prefix=False, user_defined_symbols=[NEWLINE], allow_whitespace_only_pieces=True,
+        # BPE: a word starting a text gets the same "▁word" piece as mid-text (so a name is the same
+        # token in article and summary, and can be copied); characters: no extra leading token.
+        add_dummy_prefix=cfg.model_type != "char", user_defined_symbols=[NEWLINE],
+        allow_whitespace_only_pieces=True,
         # A char model's vocabulary is what the corpus has; don't fail when it is smaller.
         hard_vocab_limit=cfg.model_type != "char", max_sentence_length=1 << 16,
         num_threads=2, minloglevel=2,
