@@ -6,8 +6,9 @@
 Task metrics come from the reference libraries: ROUGE-1/2/L and ROUGE-Lsum F1 (rouge-score) for
 summarization, BLEU and chrF (sacrebleu) for translation, always against the dataset's raw
 reference text (kept in the shards), never against ids decoded back. Generated outputs are also
-checked for degeneracy (pipeline.output_checks): eval.json's `degenerate` lists what looks wrong. Language modelling reports bits per token, character
-and UTF-8 byte of the test text, and sampled continuations of the first test documents.
+checked for degeneracy (pipeline.output_checks): eval.json's `degenerate` lists what looks wrong.
+Language modelling reports bits per token, character and UTF-8 byte of the test text, and
+sampled continuations of the first test documents.
 Results are added to the variant's MLflow run from the train stage.
 
 Language modelling, how it is measured:

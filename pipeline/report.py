@@ -24,10 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 import json
 
 from pipeline.atomic import atomic_path
+from pipeline.params import ReportParams
 from pipeline.report_dvc import curve_tables, metrics_summary
 from pipeline.tracking import tracking_enabled, tracking_uri  # also bounds MLflow's HTTP retries
 from pipeline.report_figures import figure_blocks
@@ -162,10 +164,6 @@ def _read_params(path: Path) -> dict:
     for key in ("report", "train"):
         if params.get(key) is not None and not isinstance(params[key], dict):
             raise ReportInputError(f"{path}: key '{key}' must be a mapping")
-    from pydantic import ValidationError
-
-    from pipeline.params import ReportParams
-
     try:  # this stage alone reads `report`, so it validates it (a typo must not pass silently)
         ReportParams.model_validate(params.get("report") or {})
     except ValidationError as e:

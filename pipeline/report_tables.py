@@ -153,11 +153,11 @@ def degenerate_runs(runs, variant: str, seeds: Sequence[int]) -> dict[int, list[
     return out
 
 
-def results_blocks(results: Results, variants: Sequence[str], baseline: str, runs=None,
-                   seeds: Sequence[int] = ()) -> list[Block]:
+def results_blocks(results: Results, variants: Sequence[str], baseline: str, runs,
+                   seeds: Sequence[int]) -> list[Block]:
     """Metric table (mean ± CI) and delta table (paired by seed, t-test, verdict)."""
     headers = ["variant"] + [f"{m} {arrow(m)}" for m in results.metrics]
-    flagged = {v: degenerate_runs(runs, v, seeds) for v in variants} if runs else {}
+    flagged = {v: degenerate_runs(runs, v, seeds) for v in variants}
     output_metrics = [m for m in results.metrics if m in OUTPUT_METRICS]
     rows = []
     for v in variants:

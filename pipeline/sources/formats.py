@@ -173,62 +173,43 @@ def read_jsonl(path: Path, max_rows: int | None = None) -> list[dict]:
 
 
 def iter_json(path: Path, gz: bool | None = None) -> Iterator[dict]:
-    """A .json file: an array of objects, or JSON Lines (what `datasets`' to_json writes)."""
+    """A .json file: an array of objects, or JSON Lines (what `datasets`' to_json writes).
+
+    An array is read whole (a JSON array cannot be streamed with the standard library; such
+    files are exports of a few hundred MB at most), then decoded element by element so that an
+    error names the element.
+    """
     with open_text(path, gz) as f:
-        buf = f.read(_CHUNK)
-        if buf.lstrip().startswith("["):
-            yield from _json_array(f, path, buf)
-            return
-    yield from iter_jsonl(path, gz)
-
-
-def _json_array(f: TextIO, path: Path, buf: str) -> Iterator[dict]:
-    """The objects of a top-level JSON array, decoded one at a time as the stream is read."""
-    decoder, pos = json.JSONDecoder(), 0
-
-    def next_char() -> str:  # skip blanks, reading on as needed; "" at the end of the file
-        nonlocal buf, pos
-        while True:
-            pos = _BLANK.match(buf, pos).end()
-            if pos < len(buf):
-                return buf[pos]
-            buf, pos = f.read(_CHUNK), 0
-            if not buf:
-                return ""
-
-    next_char()
-    pos += 1  # the "[" the caller saw
-    if next_char() == "]":
+        text = f.read()
+    if not text.lstrip().startswith("["):
+        yield from iter_jsonl(path, gz)
         return
-    for n in itertools.count(1):
-        next_char()
-        while True:  # an element cut by the end of the chunk is decoded again with the next one
-            try:
-                value, end = decoder.raw_decode(buf, pos)
-                error = ""
-            except json.JSONDecodeError as err:
-                end, error = -1, err.msg
-            if 0 <= end < len(buf):
-                break
-            more = f.read(_CHUNK)
-            if not more:
-                if end >= 0:
-                    break
-                raise ValueError(f"{path}: array element {n}: invalid JSON ({error})")
-            buf, pos = buf[pos:] + more, 0
-        pos = end
-        if not isinstance(value, dict):
-            raise ValueError(f"{path}: array element {n}: expected a JSON object, "
-                             f"got {type(value).__name__}")
-        yield value
-        sep = next_char()
+    decoder = json.JSONDecoder()
+
+    def skip(pos: int) -> int:
+        return _BLANK.match(text, pos).end()
+
+    pos = skip(text.index("[") + 1)
+    if text.startswith("]", pos):
         pos += 1
-        if sep == "]":
-            break
-        if sep != ",":
-            got = repr(sep) if sep else "the end of the file"
-            raise ValueError(f"{path}: after array element {n}: expected ',' or ']', got {got}")
-    if next_char():
+    else:
+        for n in itertools.count(1):
+            try:
+                value, pos = decoder.raw_decode(text, skip(pos))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: array element {n}: invalid JSON ({err.msg})") from None
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}: array element {n}: expected a JSON object, "
+                                 f"got {type(value).__name__}")
+            yield value
+            pos = skip(pos)
+            sep, pos = text[pos:pos + 1], pos + 1
+            if sep == "]":
+                break
+            if sep != ",":
+                got = repr(sep) if sep else "the end of the file"
+                raise ValueError(f"{path}: after array element {n}: expected ',' or ']', got {got}")
+    if text[pos:].strip():
         raise ValueError(f"{path}: text after the end of the JSON array")
 
 
