@@ -3,6 +3,7 @@
 #   bash run.sh          set up .venv, then run the whole pipeline (`dvc repro`, offline)
 #   bash run.sh test     set up .venv, then run the full CPU test suite
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
+#   bash run.sh study P  set up .venv, then rerun preset P's committed study report from scratch
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -22,5 +23,6 @@ case "${1:-repro}" in
   repro) shift || true; dvc repro "$@" ;;
   test) shift; python -m pytest "$@" ;;
   bench) python -m benchmarks.model_speed && python -m benchmarks.train_loop ;;
-  *) echo "usage: bash run.sh [repro|test|bench] [args...]" >&2; exit 2 ;;
+  study) shift; bash scripts/study.sh "$@" ;;
+  *) echo "usage: bash run.sh [repro|test|bench|study] [args...]" >&2; exit 2 ;;
 esac

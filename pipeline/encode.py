@@ -7,12 +7,23 @@ Shards hold bare ids (no bos/eos): where those go is the model layout's business
 They also keep each example's raw text (`src_text`, `tgt_text`): evaluation scores against the
 dataset's own text, not against ids decoded back (a character outside the vocabulary would come
 back as " ⁇ ", and the score would be computed against text that is not the dataset's).
+`max_source_tokens` keeps only the first N token ids of each source (lead truncation, as See et
+al. 2017 cut CNN/DailyMail articles to 400 tokens: the lead carries most of what the highlights
+say); `src_text` stays whole, and the manifest counts the sources that were cut.
+
+The manifest also records the unigram plateau (`unigram_val_loss`): the validation cross-entropy,
+in nats per target token (eos included, as the training loss counts it), of a model that knows
+only the training split's token frequencies (add-one smoothed). A trained model's val_loss is
+read against it: a loss near this value means the model has learnt frequencies, not text.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
+
+import numpy as np
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,13 +39,22 @@ SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.i
 
 
 def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, split: str,
-                 shard_examples: int) -> dict:
-    files, examples, src_tokens, tgt_tokens = [], 0, 0, 0
+                 shard_examples: int, max_source_tokens: int | None = None,
+                 counts: np.ndarray | None = None) -> dict:
+    """Write one split's shards; add its target token counts (one eos a row) to `counts`."""
+    files, examples, src_tokens, tgt_tokens, truncated = [], 0, 0, 0, 0
     writer, in_shard = None, 0
     source = pq.ParquetFile(parquet)
     for batch in source.iter_batches(batch_size=min(shard_examples, 4096), columns=["source", "target"]):
         src_text, tgt_text = batch.column("source").to_pylist(), batch.column("target").to_pylist()
         src, tgt = sp.encode(src_text), sp.encode(tgt_text)
+        if max_source_tokens is not None:
+            truncated += sum(len(ids) > max_source_tokens for ids in src)
+            src = [ids[:max_source_tokens] for ids in src]
+        if counts is not None and tgt:
+            counts += np.bincount(np.fromiter((t for ids in tgt for t in ids), dtype=np.int64),
+                                  minlength=len(counts))[:len(counts)]
+            counts[sp.eos_id()] += len(tgt)
         start = 0
         while start < len(src):
             if writer is None:
@@ -57,10 +77,21 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
                 writer = None
     if writer is not None:
         writer.close()
-    return {"files": files, "examples": examples, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
+    return {"files": files, "examples": examples, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
+            "truncated_sources": truncated}
 
 
-def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int) -> dict:
+def unigram_loss(train_counts: np.ndarray, eval_counts: np.ndarray) -> float | None:
+    """Cross-entropy (nats/token) of `eval_counts` under add-one smoothed `train_counts` frequencies."""
+    n = int(eval_counts.sum())
+    if n == 0:
+        return None
+    log_p = np.log(train_counts + 1.0) - math.log(float(train_counts.sum()) + len(train_counts))
+    return float(-(eval_counts * log_p).sum() / n)
+
+
+def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int,
+           max_source_tokens: int | None = None) -> dict:
     model_file = tokenizer_dir / "spm.model"
     sp = load_tokenizer(tokenizer_dir)
     meta_path = data_dir / "meta.json"
@@ -72,12 +103,16 @@ def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int) 
         "pad_id": sp.pad_id(), "unk_id": sp.unk_id(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
         "tokenizer_sha256": file_sha256(model_file),
         "normalization": describe_normalization(tokenizer_dir),
+        "max_source_tokens": max_source_tokens,
         "splits": {},
     }
+    counts = {split: np.zeros(sp.get_piece_size(), dtype=np.int64) for split in SPLITS}
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         for split in SPLITS:
-            manifest["splits"][split] = encode_split(data_dir / f"{split}.parquet", sp, tmp, split, shard_examples)
+            manifest["splits"][split] = encode_split(data_dir / f"{split}.parquet", sp, tmp, split,
+                                                      shard_examples, max_source_tokens, counts[split])
+        manifest["unigram_val_loss"] = unigram_loss(counts["train"], counts["validation"])
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -91,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         cfg = load_params(args.params).encode
-        encode(Path(args.data), Path(args.tokenizer), Path(args.out), cfg.shard_examples)
+        encode(Path(args.data), Path(args.tokenizer), Path(args.out), cfg.shard_examples,
+               cfg.max_source_tokens)
     except (ParamsError, ValueError, OSError) as exc:
         raise stage_error("encode", exc) from None
 

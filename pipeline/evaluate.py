@@ -278,6 +278,8 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
     metrics["outputs"] = output_stats(predictions)
     metrics["degenerate"] = flags(metrics["outputs"], len(predictions))
     metrics["normalization"] = manifest.get("normalization", "not recorded")
+    if manifest.get("unigram_val_loss") is not None:  # the plateau the report reads val_loss against
+        metrics["unigram_val_loss"] = manifest["unigram_val_loss"]
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         (tmp / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")

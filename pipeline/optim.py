@@ -2,6 +2,8 @@
 
 Weight decay applies to matrices of linear layers only: norms, biases and embeddings are exempt
 (decaying them pulls gains and token vectors towards zero for no regularisation benefit).
+`decay_embeddings` decays every matrix, embedding tables included: nanoGPT's (and GPT-2's) rule,
+for presets that match those recipes.
 """
 from __future__ import annotations
 
@@ -11,16 +13,18 @@ import torch
 from torch import nn
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict]:
     decay, no_decay = [], []
     exempt = set()
     for module in model.modules():
-        if isinstance(module, nn.Embedding) or "norm" in type(module).__name__.lower():
+        if isinstance(module, nn.Embedding) and not decay_embeddings:
+            exempt.update(id(p) for p in module.parameters(recurse=False))
+        elif "norm" in type(module).__name__.lower():
             exempt.update(id(p) for p in module.parameters(recurse=False))
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if p.ndim < 2 or id(p) in exempt or "embed" in name:
+        if p.ndim < 2 or id(p) in exempt or ("embed" in name and not decay_embeddings):
             no_decay.append(p)
         else:
             decay.append(p)
@@ -28,11 +32,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def make_optimizer(model: nn.Module, lr: float, betas, eps: float, weight_decay: float,
-                   device: torch.device) -> torch.optim.AdamW:
+                   device: torch.device, decay_embeddings: bool = False) -> torch.optim.AdamW:
     # The fused kernel exists for CUDA tensors only. On CPU torch defaults to a Python loop over
     # parameters; the multi-tensor (foreach) path does the same maths with far fewer kernel calls.
     fused = device.type == "cuda"
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps,
+    return torch.optim.AdamW(param_groups(model, weight_decay, decay_embeddings), lr=lr, betas=tuple(betas), eps=eps,
                              fused=fused, foreach=not fused)
 
 

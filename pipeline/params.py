@@ -86,6 +86,7 @@ class TrainBpeParams(Section):
 
 class EncodeParams(Section):
     shard_examples: int = Field(50_000, gt=0)  # rows per parquet shard
+    max_source_tokens: int | None = Field(None, gt=0)  # keep each source's first N tokens; None: all
 
 
 class TrainParams(Section):
@@ -100,6 +101,7 @@ class TrainParams(Section):
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = Field(1e-9, gt=0)
     weight_decay: float = Field(0.01, ge=0)
+    decay_embeddings: bool = False  # decay embedding tables too (nanoGPT's rule); default: exempt
     schedule: Literal["constant", "cosine", "inverse_sqrt", "linear"] = "cosine"
     warmup_steps: int = Field(100, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine/linear floor as a fraction of lr

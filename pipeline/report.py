@@ -36,8 +36,8 @@ from pipeline.report_figures import figure_blocks
 from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
 from pipeline.report_render import Paragraph, to_html, to_markdown
 from pipeline.report_tables import (
-    compute_results, cost_blocks, data_blocks, output_blocks, params_blocks, per_run_blocks, reference_blocks,
-    results_blocks,
+    compute_results, cost_blocks, data_blocks, output_blocks, params_blocks, per_run_blocks, plateau_blocks,
+    reference_blocks, results_blocks, unigram_plateau,
     samples_blocks, setup_blocks,
 )
 
@@ -80,6 +80,7 @@ def render_report(
             + setup_blocks(runs, variants, seeds, baseline, budget, task, notes)
             + results_blocks(results, variants, baseline, runs, seeds)
             + reference_blocks(results, baseline, reference)
+            + plateau_blocks(results, variants, runs)
             + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
             + params_blocks(runs, variants, seeds)
             + cost_blocks(runs, variants, seeds)
@@ -90,7 +91,7 @@ def render_report(
         )
         (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
-        (tmp / "metrics.json").write_text(json.dumps(metrics_summary(results, variants), indent=2) + "\n")
+        (tmp / "metrics.json").write_text(json.dumps(metrics_summary(results, variants, unigram_plateau(runs)), indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
         for item in sorted(tmp.iterdir()):
             with atomic_path(out_dir / item.name) as dst:

@@ -15,7 +15,7 @@ import pandas as pd
 from pipeline.report_inputs import Run
 
 
-def metrics_summary(results, variants: Sequence[str]) -> dict:
+def metrics_summary(results, variants: Sequence[str], plateau: float | None = None) -> dict:
     out = {}
     for v in variants:
         entry = {}
@@ -26,7 +26,10 @@ def metrics_summary(results, variants: Sequence[str]) -> dict:
             if d is not None:
                 entry[m].update({"delta": d.mean, "p": d.p_value, "verdict": d.verdict})
         out[v] = entry
-    return {"variants": out, "main_metric": results.main_metric}
+    summary = {"variants": out, "main_metric": results.main_metric}
+    if plateau is not None:
+        summary["unigram_val_loss"] = plateau  # the encode stage's unigram plateau
+    return summary
 
 
 def curve_tables(runs: Mapping[tuple[str, int], Run], out_dir: Path) -> None:

@@ -217,6 +217,31 @@ def reference_blocks(results: Results, baseline: str, reference: Mapping | None)
     return [Heading("Reference"), Paragraph(text)]
 
 
+def unigram_plateau(runs) -> float | None:
+    """The unigram plateau the evaluate stage copied from the manifest (the same in every eval.json)."""
+    return next((float(run.eval["unigram_val_loss"]) for run in runs.values()
+                 if run.eval and isinstance(run.eval.get("unigram_val_loss"), (int, float))), None)
+
+
+def plateau_blocks(results: Results, variants: Sequence[str], runs) -> list[Block]:
+    """How far each variant's val_loss is below the unigram plateau."""
+    plateau = unigram_plateau(runs)
+    if plateau is None:
+        return []
+    rows = []
+    for v in variants:
+        s = results.summaries.get(v, {}).get("val_loss")
+        if s is None or s.mean is None:
+            rows.append([v, MISSING, MISSING, MISSING])
+            continue
+        rows.append([v, fmt_summary(s), fmt(plateau - s.mean, 3), f"{100 * (plateau - s.mean) / plateau:.0f}%"])
+    return [Table(["variant", "val_loss", "below the plateau (nats/token)", "below (% of plateau)"], rows,
+                  f"Unigram plateau: val_loss {fmt(plateau)} nats/token",
+                  ["The validation cross-entropy of a model that knows only the training split's token "
+                   "frequencies (add-one smoothed; the encode stage's manifest). A variant near it has learnt "
+                   "frequencies, not text; one above it did worse than that."])]
+
+
 def params_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Block]:
     """Parameter count by component, from the first seed with a train.json."""
     by_variant: dict[str, dict] = {}

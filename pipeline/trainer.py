@@ -130,7 +130,8 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
     for seed_fn in (random.seed, np.random.seed, torch.manual_seed):
         seed_fn(data.seed + cluster.rank)  # ranks draw different dropout masks
     model.to(device)
-    optimizer = make_optimizer(model, cfg["lr"], cfg["betas"], cfg["eps"], cfg["weight_decay"], device)
+    optimizer = make_optimizer(model, cfg["lr"], cfg["betas"], cfg["eps"], cfg["weight_decay"], device,
+                               cfg["decay_embeddings"])
     per_step = cfg["grad_accum"] * cluster.world
     total_steps, budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"], per_step)
     scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"])

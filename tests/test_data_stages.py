@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import sentencepiece as spm
 
+from pipeline.encode import encode
 from pipeline.filter import count_tokens, filter_splits
 from pipeline.params import FilterParams
 from pipeline.sources.synthetic import generate
@@ -84,6 +85,38 @@ def test_encode_shards_roundtrip_and_manifest(tiny_shards):
     assert sp.decode(table.column("src_ids")[0].as_py()) == filtered.source[0]
     assert manifest["splits"]["train"]["examples"] == len(filtered)
     assert manifest["vocab_size"] == 150 and len(manifest["tokenizer_sha256"]) == 64
+
+
+def test_encode_keeps_the_lead_of_long_sources(tiny_shards, tmp_path):
+    full = json.loads((tiny_shards / "shards" / "manifest.json").read_text())
+    manifest = encode(tiny_shards / "filtered", tiny_shards / "tokenizer", tmp_path / "shards",
+                      shard_examples=100, max_source_tokens=8)
+    table = pq.read_table([tmp_path / "shards" / f for f in manifest["splits"]["train"]["files"]])
+    whole = pq.read_table([tiny_shards / "shards" / f for f in full["splits"]["train"]["files"]])
+    cut, ids = table.column("src_ids").to_pylist(), whole.column("src_ids").to_pylist()
+    assert all(c == i[:8] for c, i in zip(cut, ids))
+    assert table.column("src_text").to_pylist() == whole.column("src_text").to_pylist()
+    assert table.column("tgt_ids").to_pylist() == whole.column("tgt_ids").to_pylist()
+    assert manifest["max_source_tokens"] == 8 and full["max_source_tokens"] is None
+    assert manifest["splits"]["train"]["truncated_sources"] == sum(len(i) > 8 for i in ids) > 0
+
+
+def test_unigram_plateau_is_the_validation_cross_entropy_of_train_frequencies(tiny_shards):
+    import math
+    from collections import Counter
+
+    manifest = json.loads((tiny_shards / "shards" / "manifest.json").read_text())
+
+    def target_tokens(split):
+        files = [tiny_shards / "shards" / f for f in manifest["splits"][split]["files"]]
+        rows = pq.read_table(files).column("tgt_ids").to_pylist()
+        return [t for ids in rows for t in ids + [manifest["eos_id"]]]  # the loss counts eos
+
+    train, val = Counter(target_tokens("train")), target_tokens("validation")
+    total, vocab = sum(train.values()), manifest["vocab_size"]
+    expected = -sum(math.log((train[t] + 1) / (total + vocab)) for t in val) / len(val)
+    assert manifest["unigram_val_loss"] == pytest.approx(expected, rel=1e-9)
+    assert 0 < expected < math.log(vocab)  # frequencies beat a uniform guess
 
 
 def test_filter_in_characters_for_character_level_studies():

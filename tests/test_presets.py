@@ -25,13 +25,17 @@ from tests.fixtures.sources.server import serve
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "sources"
 PRESETS = ROOT / "presets"
-SEED_PRESETS = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "nanogpt_shakespeare_char")
+SEED_PRESETS = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "nanogpt_shakespeare_char",
+                "cnn_dailymail_cpu", "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu")
 FAST = {"timeout_s": 5.0, "retries": 1}
 # The task metric each preset exists to measure, as eval.json names it.
 TASK_METRICS = {"cnn_dailymail": ("rouge1", "rouge2", "rougeL"), "iwslt2017": ("bleu", "chrf"),
                 "tiny_shakespeare": ("bits_per_char", "bits_per_byte"),
                 "tinystories": ("bits_per_char", "bits_per_byte"),
                 "nanogpt_shakespeare_char": ("bits_per_char", "bits_per_byte")}
+TASK_METRICS.update({"cnn_dailymail_cpu": TASK_METRICS["cnn_dailymail"], "multi30k_cpu": TASK_METRICS["iwslt2017"],
+                     "tiny_shakespeare_cpu": TASK_METRICS["tiny_shakespeare"],
+                     "tinystories_cpu": TASK_METRICS["tinystories"]})
 
 
 # -- fixture data, served as each source's real files are -----------------------------------
@@ -81,7 +85,35 @@ def serve_tinystories(root: Path) -> dict:
 
 SERVE = {"cnn_dailymail": ("cnn", serve_cnn), "iwslt2017": ("iwslt", serve_iwslt),
          "tiny_shakespeare": ("ts", serve_tiny_shakespeare), "tinystories": ("tiny", serve_tinystories),
-         "nanogpt_shakespeare_char": ("ts", serve_tiny_shakespeare)}
+         "nanogpt_shakespeare_char": ("ts", serve_tiny_shakespeare),
+         "tiny_shakespeare_cpu": ("ts", serve_tiny_shakespeare)}
+
+
+# -- fixture files where the `local` presets read theirs (data/local/README.md's layout) ------
+def local_cnn(local: Path) -> None:
+    frame = synthetic.generate(120, 1)
+    (local / "cnn_dailymail").mkdir(parents=True)
+    frame.rename(columns={"source": "article", "target": "highlights"}).to_csv(
+        local / "cnn_dailymail" / "train300.csv", index=False)
+
+
+def local_tinystories(local: Path) -> None:
+    (local / "tinystories").mkdir(parents=True)
+    text = (FIXTURES / "tinystories_valid.txt").read_text().replace("<|endoftext|>", "")
+    (local / "tinystories" / "valid-head.txt").write_text("\n\n".join([text.strip()] * 20) + "\n")
+
+
+def local_multi30k(local: Path) -> None:
+    import gzip
+    (local / "multi30k").mkdir(parents=True)
+    pairs = [json.loads(line) for line in (FIXTURES / "multi30k_train.jsonl").read_text().splitlines() if line]
+    for split, rows in {"train": pairs * 8, "val": pairs, "test_2016_flickr": pairs[::-1]}.items():
+        for lang in ("en", "de"):
+            with gzip.open(local / "multi30k" / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(row[lang] + "\n" for row in rows))
+
+
+LOCAL = {"cnn_dailymail_cpu": local_cnn, "tinystories_cpu": local_tinystories, "multi30k_cpu": local_multi30k}
 
 
 # -- the conftest-style shrink ----------------------------------------------------------------
@@ -163,15 +195,22 @@ def test_preset_runs_every_stage_and_reports_its_task_metric(name, project, caps
 
     www = project / "www"
     www.mkdir()
-    folder, make = SERVE[name]
-    with serve(www) as hub:
-        options = {"base_url": hub.url(folder), **FAST, **make(www)}
-        Path("params.yaml").write_text(yaml.safe_dump(shrink(params, options, project / "cache"),
-                                                      sort_keys=False))
+    if name in LOCAL:  # the files a user copies to data/local/, at the preset's own paths
+        LOCAL[name](project / "data" / "local")
+        Path("params.yaml").write_text(yaml.safe_dump(shrink(params, {}, project / "cache"), sort_keys=False))
         for _, cmd in stage_commands(params):
             run_stage(cmd)
+    else:
+        folder, make = SERVE[name]
+        with serve(www) as hub:
+            options = {"base_url": hub.url(folder), **FAST, **make(www)}
+            Path("params.yaml").write_text(yaml.safe_dump(shrink(params, options, project / "cache"),
+                                                          sort_keys=False))
+            for _, cmd in stage_commands(params):
+                run_stage(cmd)
 
-    task = {"cnn_dailymail": "summarization", "iwslt2017": "translation"}.get(name, "language_modeling")
+    task = {"cnn_dailymail": "summarization", "iwslt2017": "translation", "cnn_dailymail_cpu": "summarization",
+            "multi30k_cpu": "translation"}.get(name, "language_modeling")
     for variant in params["ablations"]:
         run_dir = f"{variant}-{params['seeds'][0]}"
         ev = json.loads(Path("data/eval", run_dir, "eval.json").read_text())

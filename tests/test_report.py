@@ -187,3 +187,24 @@ def test_attention_prefers_cross_then_decoder_self(tmp_path):
     del run.attention["maps"]["decoder.cross"]
     title, matrix, keys, queries = _attention_panel(run)
     assert title.endswith("decoder.self") and keys == queries
+
+
+def test_unigram_plateau_table_reads_the_plateau_from_eval_json(tmp_path):
+    p = make_project(tmp_path)
+    for path in p.evals.glob("*/eval.json"):
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "unigram_val_loss": 5.0}))
+    out = render(p)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "Unigram plateau: val_loss 5 nats/token" in md
+    section = md[md.index("Unigram plateau"):]
+    rows = {r["variant"]: r for r in md_table(section, "variant", "val_loss | below")}
+    mean = np.mean([p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds])
+    assert rows["baseline"]["below the plateau (nats/token)"] == f"{5.0 - mean:.3g}"
+    assert rows["baseline"]["below (% of plateau)"] == f"{100 * (5.0 - mean) / 5.0:.0f}%"
+    assert json.loads((out / "metrics.json").read_text())["unigram_val_loss"] == 5.0
+
+
+def test_no_plateau_section_without_the_plateau(rendered):
+    _, out, md = rendered
+    assert "Unigram plateau" not in md and "unigram_val_loss" not in json.loads((out / "metrics.json").read_text())

@@ -155,6 +155,17 @@ def test_no_weight_decay_on_norms_biases_and_embeddings(tiny_shards):
     assert no_decay["weight_decay"] == 0.0
 
 
+def test_decay_embeddings_decays_every_matrix(tiny_shards):
+    # nanoGPT's rule: embedding tables are decayed too; norms and biases still are not.
+    manifest = read_manifest(tiny_shards / "shards")
+    _, model = build(resolved()["model"], manifest)
+    decay, no_decay = param_groups(model, 0.1, decay_embeddings=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert any("embed" in names[id(p)] for p in decay["params"])
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert all(p.ndim < 2 for p in no_decay["params"])
+
+
 def write_params(path: Path) -> None:
     import yaml
 

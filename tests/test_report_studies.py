@@ -1,0 +1,66 @@
+"""The README's study table: generated from the committed reports, and stale tables caught."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import report_studies
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_readme_table_matches_the_committed_reports():
+    report_studies.main(["--root", str(ROOT), "--check"])
+
+
+def write_study(root: Path, name: str, delta: float) -> None:
+    folder = root / "reports" / "studies" / name
+    folder.mkdir(parents=True)
+    variants = {"baseline": {"val_loss": {"mean": 1.5, "ci95": 0.02, "n": 3},
+                             "bits_per_char": {"mean": 2.25, "ci95": 0.03, "n": 3}},
+                "no_positional": {"val_loss": {"mean": 1.6, "ci95": 0.02, "n": 3},
+                                  "bits_per_char": {"mean": 2.25 + delta, "ci95": 0.03, "n": 3,
+                                                    "delta": delta, "p": 0.0123, "verdict": "worse"}}}
+    (folder / "metrics.json").write_text(json.dumps({"main_metric": "bits_per_char", "variants": variants}))
+    params = {"report": {"baseline": "baseline", "reference": {"metric": "val_loss", "value": 1.4857, "source": "x"}},
+              "seeds": [0, 1, 2]}
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+    (folder / "run.json").write_text(json.dumps({"wall_s": 754, "cpu_count": 2, "device": "cpu"}))
+
+
+def test_table_reads_every_number_from_the_study_files(tmp_path):
+    (tmp_path / "README.md").write_text(f"intro\n{report_studies.BEGIN}\nold\n{report_studies.END}\nrest\n")
+    write_study(tmp_path, "toy", 0.125)
+    report_studies.main(["--root", str(tmp_path)])
+    text = (tmp_path / "README.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| [toy]"))
+    assert "(reports/studies/toy/report.md)" in row and "| 2 × 3 |" in row
+    assert "1.5 ± 0.02 (reference 1.4857)" in row and "bits_per_char ↓ 2.25 ± 0.03" in row
+    assert "no_positional +0.125 (p 0.012, worse)" in row and "12 min 34 s, cpu, 2 CPUs" in row
+    assert text.startswith("intro\n") and text.endswith("\nrest\n") and "\nold\n" not in text
+    report_studies.main(["--root", str(tmp_path), "--check"])  # now current
+
+
+def test_check_fails_when_a_report_changed_and_the_readme_did_not(tmp_path):
+    (tmp_path / "README.md").write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    write_study(tmp_path, "toy", 0.125)
+    report_studies.main(["--root", str(tmp_path)])
+    metrics = tmp_path / "reports" / "studies" / "toy" / "metrics.json"
+    metrics.write_text(metrics.read_text().replace("0.125", "0.25"))
+    with pytest.raises(SystemExit, match="study table is stale"):
+        report_studies.main(["--root", str(tmp_path), "--check"])
+
+
+def test_missing_markers_or_keys_are_one_line_errors(tmp_path):
+    (tmp_path / "README.md").write_text("no block here\n")
+    write_study(tmp_path, "toy", 0.125)
+    with pytest.raises(SystemExit, match=r"^report_studies: .*README\.md: no '<!-- studies:begin") as info:
+        report_studies.main(["--root", str(tmp_path)])
+    assert "\n" not in str(info.value)
+    (tmp_path / "README.md").write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    (tmp_path / "reports" / "studies" / "toy" / "run.json").write_text("{}")
+    with pytest.raises(SystemExit, match=r"toy: missing key 'wall_s'"):
+        report_studies.main(["--root", str(tmp_path)])
