@@ -150,3 +150,19 @@ def test_weightless_switches_change_the_output(arch, switch, off, on):
     b.load_state_dict(a.state_dict())  # strict: the switch must not change the parameters
     (la, _), (lb, _) = a(SRC, TGT_IN), b(SRC, TGT_IN)
     assert not torch.allclose(la, lb, atol=1e-4)
+
+
+def test_prefix_lm_equals_decoder_only_with_one_layer_and_differs_with_two():
+    # One layer: targets attend to the source's embeddings, whatever the source's own attention
+    # pattern, so prefix_lm == decoder_only exactly (the presets' one-layer study says so).
+    src = torch.randint(4, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    tgt = torch.randint(4, 50, (2, 5), generator=torch.Generator().manual_seed(2))
+    out = {}
+    for layers in (1, 2):
+        for arch in ("decoder_only", "prefix_lm"):
+            torch.manual_seed(0)
+            cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=2, n_encoder_layers=0,
+                              n_decoder_layers=layers, d_ff=64, arch=arch, dropout=0.0)
+            out[layers, arch] = build_model(cfg).eval()(src, tgt)[0]
+    assert torch.equal(out[1, "decoder_only"], out[1, "prefix_lm"])
+    assert not torch.allclose(out[2, "decoder_only"], out[2, "prefix_lm"])
