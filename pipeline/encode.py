@@ -24,7 +24,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
@@ -53,7 +52,7 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
             src = [ids[:max_source_tokens] for ids in src]
         if counts is not None and tgt:
             counts += np.bincount(np.fromiter((t for ids in tgt for t in ids), dtype=np.int64),
-                                  minlength=len(counts))[:len(counts)]
+                                  minlength=len(counts))
             counts[sp.eos_id()] += len(tgt)
         start = 0
         while start < len(src):
@@ -106,12 +105,13 @@ def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int,
         "max_source_tokens": max_source_tokens,
         "splits": {},
     }
-    counts = {split: np.zeros(sp.get_piece_size(), dtype=np.int64) for split in SPLITS}
+    # Target token counts of the two splits the plateau needs (test is not counted).
+    counts = {split: np.zeros(sp.get_piece_size(), dtype=np.int64) for split in ("train", "validation")}
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         for split in SPLITS:
             manifest["splits"][split] = encode_split(data_dir / f"{split}.parquet", sp, tmp, split,
-                                                      shard_examples, max_source_tokens, counts[split])
+                                                      shard_examples, max_source_tokens, counts.get(split))
         manifest["unigram_val_loss"] = unigram_loss(counts["train"], counts["validation"])
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -16,15 +16,15 @@ from torch import nn
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict]:
     decay, no_decay = [], []
     exempt = set()
+    spare_embeddings = not decay_embeddings
     for module in model.modules():
-        if isinstance(module, nn.Embedding) and not decay_embeddings:
-            exempt.update(id(p) for p in module.parameters(recurse=False))
-        elif "norm" in type(module).__name__.lower():
+        is_embedding = isinstance(module, nn.Embedding)
+        if (is_embedding and spare_embeddings) or "norm" in type(module).__name__.lower():
             exempt.update(id(p) for p in module.parameters(recurse=False))
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if p.ndim < 2 or id(p) in exempt or ("embed" in name and not decay_embeddings):
+        if p.ndim < 2 or id(p) in exempt or ("embed" in name and spare_embeddings):
             no_decay.append(p)
         else:
             decay.append(p)
@@ -36,8 +36,8 @@ def make_optimizer(model: nn.Module, lr: float, betas, eps: float, weight_decay:
     # The fused kernel exists for CUDA tensors only. On CPU torch defaults to a Python loop over
     # parameters; the multi-tensor (foreach) path does the same maths with far fewer kernel calls.
     fused = device.type == "cuda"
-    return torch.optim.AdamW(param_groups(model, weight_decay, decay_embeddings), lr=lr, betas=tuple(betas), eps=eps,
-                             fused=fused, foreach=not fused)
+    groups = param_groups(model, weight_decay, decay_embeddings)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused, foreach=not fused)
 
 
 def lr_factor(step: int, schedule: str, warmup: int, total: int, floor: float) -> float:

@@ -66,6 +66,7 @@ def render_report(
     runs = load_runs(Path(runs_dir), Path(evals_dir), variants, seeds)
     filt = load_filter_metrics(Path(filter_metrics))
     results = compute_results(runs, variants, seeds, baseline)
+    plateau = unigram_plateau(runs)
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
 
     out_dir = Path(out_dir)
@@ -80,7 +81,7 @@ def render_report(
             + setup_blocks(runs, variants, seeds, baseline, budget, task, notes)
             + results_blocks(results, variants, baseline, runs, seeds)
             + reference_blocks(results, baseline, reference)
-            + plateau_blocks(results, variants, runs)
+            + plateau_blocks(results, variants, plateau)
             + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
             + params_blocks(runs, variants, seeds)
             + cost_blocks(runs, variants, seeds)
@@ -91,7 +92,8 @@ def render_report(
         )
         (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
-        (tmp / "metrics.json").write_text(json.dumps(metrics_summary(results, variants, unigram_plateau(runs)), indent=2) + "\n")
+        summary = metrics_summary(results, variants, plateau)
+        (tmp / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
         for item in sorted(tmp.iterdir()):
             with atomic_path(out_dir / item.name) as dst:

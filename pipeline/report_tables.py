@@ -223,9 +223,8 @@ def unigram_plateau(runs) -> float | None:
                  if run.eval and isinstance(run.eval.get("unigram_val_loss"), (int, float))), None)
 
 
-def plateau_blocks(results: Results, variants: Sequence[str], runs) -> list[Block]:
-    """How far each variant's val_loss is below the unigram plateau."""
-    plateau = unigram_plateau(runs)
+def plateau_blocks(results: Results, variants: Sequence[str], plateau: float | None) -> list[Block]:
+    """How far each variant's val_loss is below the unigram plateau (see unigram_plateau)."""
     if plateau is None:
         return []
     rows = []
