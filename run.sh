@@ -4,8 +4,11 @@
 #   bash run.sh test     set up .venv, then run the full CPU test suite
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
 #   bash run.sh study P  set up .venv, then rerun preset P's committed study report from scratch
+#   bash run.sh gpu      on a CUDA machine: GPU tests, 124M benchmark, a preset on the GPU; one JSON
+#                        (scripts/gpu.sh; without CUDA it says so and exits 0 before any set-up)
 set -euo pipefail
 cd "$(dirname "$0")"
+if [ "${1:-}" = gpu ]; then shift; exec bash scripts/gpu.sh "$@"; fi
 
 python=${PYTHON:-$(command -v python3.11 || command -v python3)}
 if [ ! -x .venv/bin/python ]; then
@@ -20,9 +23,10 @@ fi
 export PATH="$PWD/.venv/bin:$PATH"
 
 case "${1:-repro}" in
+  setup) ;;
   repro) shift || true; dvc repro "$@" ;;
   test) shift; python -m pytest "$@" ;;
   bench) python -m benchmarks.model_speed && python -m benchmarks.train_loop ;;
   study) shift; bash scripts/study.sh "$@" ;;
-  *) echo "usage: bash run.sh [repro|test|bench|study] [args...]" >&2; exit 2 ;;
+  *) echo "usage: bash run.sh [repro|test|bench|study|gpu|setup] [args...]" >&2; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 """What the training loop costs on top of the model, and whether data loading keeps up.
 
-Run: python -m benchmarks.train_loop [--device cuda] [--repeats 5] [--steps 30] [--gpu-mfu]
+Run: python -m benchmarks.train_loop [--device cuda] [--repeats 5] [--steps 30]
 Prints one JSON object to stdout.
 
 - loop: `trainer.train`, the real loop (batch plan, collation on the training thread, token-weighted
@@ -14,8 +14,7 @@ Prints one JSON object to stdout.
   what training consumes for it to cost under 5%.
 Loop, bare and loader are interleaved after a warm-up round, in alternating order; each figure is
 the median over repeats.
---gpu-mfu adds MFU of a 124M GPT-2-small-shaped decoder-only model (d 768, 12 layers, 12 heads,
-context 1024) in bf16, eager vs torch.compile, against the GPU's datasheet peak (GPU only).
+The 124M model's MFU on a GPU is benchmarks/gpu.py's (`bash run.sh gpu`).
 """
 from __future__ import annotations
 
@@ -32,10 +31,9 @@ import torch
 
 from pipeline import trainer
 from pipeline.batching import lm_batches, lm_collate, lm_token_file, load_split, read_manifest, seq2seq_batches
-from pipeline.device import autocast, peak_flops, resolve_device
+from pipeline.device import autocast, resolve_device
 from pipeline.optim import make_optimizer
 from pipeline.params import FilterParams, TrainBpeParams, TrainParams
-from pipeline.train import flops_per_target_token
 
 LOADER_TARGET = 20  # loader tokens/s over training tokens/s
 
@@ -115,56 +113,6 @@ def time_lm_loader(stream, context: int, batch_size: int, epochs: int) -> tuple[
     return n / elapsed, n * batch_size * context / elapsed
 
 
-def gpu_mfu(repeats: int, batch: int, steps: int) -> dict:
-    """MFU of a 124M decoder-only model in bf16, eager and torch.compile'd, on this GPU."""
-    if not torch.cuda.is_available():
-        return {"skipped": "no CUDA device: MFU of the 124M model is only measured on a GPU"}
-    from model import ModelConfig, build_model
-
-    device = resolve_device("cuda")
-    T, V = 1024, 50304  # GPT-2's vocabulary padded to a multiple of 64
-    cfg = ModelConfig(vocab_size=V, d_model=768, n_heads=12, n_encoder_layers=0, n_decoder_layers=12, d_ff=3072,
-                      dropout=0.0, max_len=T, arch="decoder_only", positional="learned", norm_position="pre",
-                      ffn="gelu", attention_impl="sdpa")
-    torch.manual_seed(0)
-    model = build_model(cfg).to(device).train()
-    counts = model.param_counts()
-    flops = flops_per_target_token(model, cfg, 0.0, float(T))  # the train stage's own MFU formula
-    peak, peak_source = peak_flops(device)
-    tokens = torch.randint(4, V, (batch, T + 1), device=device)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    opt = make_optimizer(model, 6e-4, (0.9, 0.95), 1e-8, 0.1, device)
-    runners = {"eager": model, "compiled": torch.compile(model)}
-
-    def run(m, n: int) -> float:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(n):
-            with autocast(device, True):
-                _, loss = m(None, x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return batch * T * n / (time.perf_counter() - start)
-
-    compile_s = time.perf_counter()
-    for m in runners.values():
-        run(m, 3)  # warm-up; compiles the second
-    compile_s = time.perf_counter() - compile_s
-    rates = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, m in runners.items():
-            rates[name].append(run(m, steps))
-    out = {"params": counts["total"], "flops_per_token": flops, "batch": batch, "context": T,
-           "peak_flops_per_s": peak, "peak_source": peak_source, "warmup_and_compile_s": round(compile_s, 1)}
-    for name, r in rates.items():
-        tps = statistics.median(r)
-        out[name] = {"tokens_per_s": round(tps), "mfu": round(flops * tps / peak, 4) if peak else None}
-    out["compile_speedup"] = round(out["compiled"]["tokens_per_s"] / out["eager"]["tokens_per_s"], 3)
-    return out
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -182,8 +130,6 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2, help="encoder and decoder layers each")
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (params.yaml's train.threads)")
-    p.add_argument("--gpu-mfu", action="store_true", help="also measure MFU of a 124M model (GPU only)")
-    p.add_argument("--mfu-batch", type=int, default=16)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -241,8 +187,6 @@ def main() -> None:
             "lm_loader_batches_per_s": round(statistics.median(b for b, _ in results["lm_loader"]), 1),
             "lm_loader_tokens_per_s": round(statistics.median(t for _, t in results["lm_loader"])),
         }
-        if args.gpu_mfu:
-            out["gpu_mfu"] = gpu_mfu(args.repeats, args.mfu_batch, steps=10)
         print(json.dumps(out, indent=2))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -112,7 +112,7 @@ class TrainParams(Section):
     checkpoint_every: int = Field(200, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
     compile: bool = False  # torch.compile on CUDA
-    threads: int = Field(0, ge=0)  # CPU threads for torch; 0 = torch's default
+    threads: int = Field(0, ge=0)  # CPU threads for torch; 0 = auto: the cores free when the stage starts
 
 
 class EvaluateParams(Section):

@@ -11,14 +11,16 @@ Design decisions:
 - The outputs are built in a temporary directory and swapped in at the end, each atomically, so a
   failure leaves the previous report intact instead of a half-written one. Only the stage's own
   outputs are replaced: reports/studies/ (committed study reports) lives beside them.
-- MLflow only mirrors: one parent run holds the report as artifacts and adopts each training run
-  as a child. Any MLflow failure is a warning; the report on disk is the result.
+- MLflow only mirrors (pipeline.report_mlflow): one parent run holds the report as artifacts and
+  adopts each training run as a child, created from the stages' files unless the train stage
+  mirrored it live. Any MLflow failure is a warning; the report on disk is the result.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import json
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,14 +28,12 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-import json
-
 from pipeline.atomic import atomic_path
 from pipeline.params import ReportParams
 from pipeline.report_dvc import curve_tables, metrics_summary
-from pipeline.tracking import tracking_enabled, tracking_uri  # also bounds MLflow's HTTP retries
 from pipeline.report_figures import figure_blocks
 from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
+from pipeline.report_mlflow import RunFiles, mirror_runs
 from pipeline.report_render import Paragraph, to_html, to_markdown
 from pipeline.report_tables import (
     compute_results, cost_blocks, data_blocks, output_blocks, params_blocks, per_run_blocks, plateau_blocks,
@@ -57,7 +57,7 @@ def render_report(
 
     `out_dir` is replaced as a whole: it is the report stage's one output.
 
-    Returns the MLflow runs to link: run id -> {"variant", "seed"} for each train.json that has one.
+    Returns the training runs (their files) for the MLflow mirror (pipeline.report_mlflow).
     Raises ReportInputError (a ValueError) naming the file when an input cannot be read.
     """
     variants, seeds = list(variants), list(seeds)
@@ -99,56 +99,13 @@ def render_report(
             with atomic_path(out_dir / item.name) as dst:
                 os.replace(item, dst)
 
-    links = {}
+    mirror = []
     for (variant, seed), run in runs.items():
-        run_id = run.train.get("mlflow_run_id") if run.train else None
-        if isinstance(run_id, str) and run_id:
-            links[run_id] = {"variant": variant, "seed": str(seed)}
-    return links
-
-
-def link_runs(
-    run_ids: list[str], report_dir: Path, experiment: str,
-    run_tags: Mapping[str, Mapping[str, str]] | None = None,
-) -> str | None:
-    """Create a parent MLflow run holding `report_dir` as artifacts; make each run id its child.
-
-    Sets `mlflow.parentRunId` (plus `run_tags[run_id]`, e.g. variant/seed) on every child. Tracking
-    URI: pipeline.tracking.tracking_uri() ($MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here). Returns the parent
-    run id, or None when MLflow failed; failures are logged as warnings and never raised.
-    """
-    if not tracking_enabled():
-        return None
-    try:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=tracking_uri())
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-        parent_id = client.create_run(exp_id, run_name="report", tags={"stage": "report"}).info.run_id
-        client.log_artifacts(parent_id, str(report_dir))
-    except Exception as exc:  # noqa: BLE001 - MLflow only mirrors; the report is already on disk
-        log.warning("report: MLflow linking skipped (%s: %s)", type(exc).__name__, str(exc).splitlines()[0][:200])
-        return None
-    linked = 0
-    for run_id in run_ids:
-        try:
-            child = client.get_run(run_id)
-            if child.info.experiment_id != exp_id:
-                # The UI nests children only inside the parent's experiment.
-                log.warning("report: MLflow run %s is in another experiment than %r", run_id, experiment)
-            client.set_tag(run_id, "mlflow.parentRunId", parent_id)
-            for key, value in (run_tags or {}).get(run_id, {}).items():
-                client.set_tag(run_id, key, str(value))
-            linked += 1
-        except Exception as exc:  # noqa: BLE001 - e.g. the run was deleted or lives in another store
-            log.warning("report: cannot link MLflow run %s (%s)", run_id, type(exc).__name__)
-    try:
-        client.set_tag(parent_id, "linked_runs", str(linked))
-        client.set_terminated(parent_id)
-    except Exception as exc:  # noqa: BLE001
-        log.warning("report: cannot close MLflow run %s (%s)", parent_id, type(exc).__name__)
-    return parent_id
+        if run.train:
+            live = run.train.get("mlflow_run_id")
+            mirror.append(RunFiles(variant, seed, Path(runs_dir) / f"{variant}-{seed}",
+                                   Path(evals_dir) / f"{variant}-{seed}", live if isinstance(live, str) and live else None))
+    return mirror
 
 
 def _read_params(path: Path) -> dict:
@@ -191,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         params = _read_params(args.params)
         report = params.get("report") or {}
         train = params.get("train") or {}
-        links = render_report(
+        runs = render_report(
             args.runs, args.evals, args.filter_metrics,
             variants=[str(v) for v in params["ablations"]], seeds=params["seeds"],
             baseline=str(report.get("baseline", "baseline")),
@@ -202,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ReportInputError as e:
         raise SystemExit(f"report: {e}") from None
     log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
-    link_runs(list(links), args.out_dir, str(report.get("experiment") or DEFAULT_EXPERIMENT), links)
+    mirror_runs(runs, args.out_dir, str(report.get("experiment") or DEFAULT_EXPERIMENT))
 
 
 if __name__ == "__main__":

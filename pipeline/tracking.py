@@ -48,6 +48,12 @@ def git_revision() -> str | None:
         return None
 
 
+def live_tracking() -> bool:
+    """ABLATION_LAB_MLFLOW_LIVE=1: the train stage mirrors to MLflow as it trains (watch long runs in
+    `mlflow ui`). Otherwise the report stage mirrors every run from its files, once, at the end."""
+    return os.environ.get("ABLATION_LAB_MLFLOW_LIVE", "0").lower() in ("1", "true", "yes")
+
+
 def tracking_enabled() -> bool:
     """ABLATION_LAB_TRACKING=0 turns MLflow off (the DVC files are complete without it)."""
     return os.environ.get("ABLATION_LAB_TRACKING", "1").lower() not in ("0", "false", "off", "no")

@@ -23,9 +23,9 @@ from pipeline import trainer
 from pipeline.atomic import atomic_path
 from pipeline.batching import lm_token_file, load_split, read_manifest
 from pipeline.checkpoint import config_hash, source_hash
-from pipeline.device import join_cluster, leave_cluster, peak_flops, resolve_device
+from pipeline.device import choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device
 from pipeline.params import ParamsError, load_params, resolve_variant, stage_error
-from pipeline.tracking import Tracker, git_revision
+from pipeline.tracking import Tracker, git_revision, live_tracking
 
 
 # The code a checkpoint is only valid for: the model and the train stage's own modules (its DVC deps).
@@ -60,10 +60,12 @@ def flops_per_target_token(model, cfg, mean_src: float, mean_tgt: float) -> floa
     6 x weights a token passes through (PaLM, App. B) + 12 x d_model x keys attended per layer.
     Encoder weights see the source tokens, decoder weights and the output projection the target
     tokens; a decoder-only model runs source and target through one stack. Approximations: the
-    cross-attention key/value projections are counted per target token; norms count as weights.
+    cross-attention key/value projections are counted per target token; norms count as weights;
+    embedding tables (tokens, learned positions) do not.
     """
-    def weights(stack) -> int:
-        return sum(p.numel() for p in stack.parameters())
+    def weights(stack) -> int:  # a learned position table inside a stack is a lookup, not a matmul
+        tables = {id(p) for m in stack.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+        return sum(p.numel() for p in stack.parameters() if id(p) not in tables)
 
     d, src_per_tgt = cfg.d_model, mean_src / max(mean_tgt, 1.0)
     head = 6 * d * cfg.vocab_size  # logits are computed for target positions only
@@ -92,8 +94,10 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     torch.manual_seed(seed)  # the initial weights are part of what the seed decides
     cfg, model = build(resolved["model"], manifest, f"ablations.{variant} (model)")
     tcfg = resolved["train"]
-    if tcfg["threads"]:
-        torch.set_num_threads(tcfg["threads"])
+    threads, why = choose_threads(tcfg["threads"])
+    torch.set_num_threads(threads)
+    if cluster.main:
+        print(f"{variant}-{seed}: torch CPU threads {why}", flush=True)
     # Late in training, tiny gradients and Adam moments become denormal floats, which x86 CPUs
     # process many times slower; flushing them to zero changes no result worth a bit of loss.
     torch.set_flush_denormal(True)
@@ -119,7 +123,9 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     run_hash = config_hash(key)
     if cluster.main:  # a DVC output even when the run is too short to checkpoint
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(enabled=track and cluster.main)  # rank 0 alone mirrors to MLflow
+    # Rank 0 alone mirrors to MLflow, and only when asked to live: by default the report stage
+    # mirrors every run from these files at the end, sparing each run MLflow's ~2 s start-up.
+    tracker = Tracker(enabled=track and cluster.main and live_tracking())
     tracker.start(experiment, f"{variant}-{seed}", {
         "variant": variant, "seed": seed, "stage": "train", "git_revision": git_revision() or "unknown",
         "tokenizer_sha256": manifest["tokenizer_sha256"], "data_hash": config_hash(manifest["splits"]),
@@ -138,6 +144,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         mean_src, mean_tgt = sum(map(len, train_split.src)) / n, sum(map(len, train_split.tgt)) / n + 1
     metrics = {
         "variant": variant, "seed": seed, "params_total": counts["total"], "params_by_component": counts,
+        "threads": threads,
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
     }
     if not cluster.main:

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny versions of the real pipeline's data, made on the fly in tmp dirs."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -24,6 +25,18 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Stages (and the subprocesses tests start) cache into a temporary folder, not the user's home."""
+    old = os.environ.get("ABLATION_LAB_CACHE")
+    os.environ["ABLATION_LAB_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        del os.environ["ABLATION_LAB_CACHE"]
+    else:
+        os.environ["ABLATION_LAB_CACHE"] = old
 
 
 def pytest_collection_modifyitems(config, items):

@@ -154,7 +154,7 @@ def test_weightless_switches_change_the_output(arch, switch, off, on):
 
 def test_prefix_lm_equals_decoder_only_with_one_layer_and_differs_with_two():
     # One layer: targets attend to the source's embeddings, whatever the source's own attention
-    # pattern, so prefix_lm == decoder_only exactly (the presets' one-layer study says so).
+    # pattern, so prefix_lm == decoder_only exactly (why the translation presets run it at two).
     src = torch.randint(4, 50, (2, 7), generator=torch.Generator().manual_seed(1))
     tgt = torch.randint(4, 50, (2, 5), generator=torch.Generator().manual_seed(2))
     out = {}

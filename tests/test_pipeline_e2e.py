@@ -105,7 +105,7 @@ def test_run_sh_study_reruns_a_preset_in_scratch_and_commits_its_report(tmp_path
     # workspace's own params.yaml and data/ are not touched.
     project = tmp_path / "project"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("model", "pipeline", "scripts"):
+    for name in ("model", "pipeline", "scripts", "benchmarks"):
         shutil.copytree(ROOT / name, project / name, ignore=ignore)
     shutil.copy(ROOT / "dvc.yaml", project)
     shutil.copytree(ROOT / "data" / "local", project / "data" / "local")
@@ -128,5 +128,11 @@ def test_run_sh_study_reruns_a_preset_in_scratch_and_commits_its_report(tmp_path
     assert yaml.safe_load((folder / "params.yaml").read_text())["seeds"] == [0]
     run = json.loads((folder / "run.json").read_text())
     assert isinstance(run["wall_s"], int) and run["wall_s"] >= 0 and f"took {run['wall_s']} s" in out
+    assert set(run["stage_s"]) == {"download", "filter", "train_bpe", "encode", "train", "evaluate", "report"}
     assert "| [tiny](reports/studies/tiny/report.md) | 1 × 1 |" in (project / "README.md").read_text()
     assert (project / "params.yaml").read_text() == "untouched\n" and not (project / "data" / "raw").exists()
+
+    elsewhere = tmp_path / "elsewhere"  # STUDY_OUT: the GPU run's way, reports/studies and README untouched
+    sh(["bash", "scripts/study.sh", "tiny"], project, {**env, "STUDY_OUT": str(elsewhere)})
+    assert (elsewhere / "run.json").is_file() and (elsewhere / "metrics.json").is_file()
+    assert (project / "README.md").read_text().count("| [tiny]") == 1

@@ -1,9 +1,12 @@
-"""The report stage adopts the training runs as children of one MLflow parent run."""
+"""The report stage mirrors the training runs into MLflow as children of one parent run."""
+import json
 import logging
+import os
 
 import pytest
 
-from pipeline.report import link_runs, main
+from pipeline.report import main
+from pipeline.report_mlflow import mirror_runs
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")
@@ -52,5 +55,51 @@ def test_mlflow_failure_is_a_warning_not_an_error(tmp_path, monkeypatch, caplog)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'in-the-way' / 'mlflow.db'}")
     (tmp_path / "report").mkdir()
     with caplog.at_level(logging.WARNING, logger="pipeline.report"):
-        assert link_runs(["a" * 32], tmp_path / "report", "ablation-lab") is None
+        assert mirror_runs([], tmp_path / "report", "ablation-lab") is None
     assert any("MLflow linking skipped" in r.getMessage() for r in caplog.records)
+
+
+def _report(tmp_path, p, seeds=(0, 1)):
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        f"seeds: {list(seeds)}\nablations: {{{', '.join(f'{v}: {{}}' for v in VARIANTS)}}}\n"
+        "report: {baseline: baseline, experiment: abl-test}\ntrain: {budget_tokens: 200000, lr: 0.001}\n",
+        encoding="utf-8",
+    )
+    main(["--runs", str(p.runs), "--evals", str(p.evals), "--filter-metrics", str(p.filter_metrics),
+          "--params", str(params), "--out-dir", str(tmp_path / "reports")])
+
+
+def test_runs_trained_without_live_tracking_are_mirrored_from_their_files_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    p = make_project(tmp_path, seeds=(0, 1), missing_runs=())
+    for run_dir in p.runs.iterdir():  # the resolved params the train stage writes
+        (run_dir / "config.json").write_text(json.dumps({"model": {"d_model": 32}, "train": {"lr": 0.001}}))
+    _report(tmp_path, p)
+    client = mlflow_tracking.MlflowClient()
+    exp_id = client.get_experiment_by_name("abl-test").experiment_id
+    children = client.search_runs([exp_id], filter_string="tags.stage = 'train'")
+    assert sorted(r.info.run_name for r in children) == sorted(f"{v}-{s}" for v in VARIANTS for s in (0, 1))
+    parent = client.search_runs([exp_id], filter_string="tags.stage = 'report'")[0]
+    run = next(r for r in children if r.info.run_name == "baseline-1")
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert run.data.params["model.d_model"] == "32" and run.data.tags["seed"] == "1"
+    curve = (p.runs / "baseline-1" / "train_curve.csv").read_text().splitlines()[1:]
+    history = client.get_metric_history(run.info.run_id, "train_loss")
+    assert [(m.step, m.value) for m in history] == [(int(r.split(",")[0]), float(r.split(",")[2])) for r in curve]
+    assert run.data.metrics["rougeL"] == pytest.approx(p.eval_values[("baseline", 1)]["rougeL"])
+    files = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.json", "train_curve.csv", "train.json", "eval.json", "samples.json"} <= files
+
+    _report(tmp_path, p)  # unchanged files: the same runs, adopted by the new parent
+    again = client.search_runs([exp_id], filter_string="tags.stage = 'train'")
+    assert sorted(r.info.run_id for r in again) == sorted(r.info.run_id for r in children)
+    newest = client.search_runs([exp_id], filter_string="tags.stage = 'report'", order_by=["start_time DESC"])[0]
+    assert {r.data.tags["mlflow.parentRunId"] for r in again} == {newest.info.run_id}
+
+    eval_json = p.evals / "baseline-1" / "eval.json"  # a re-evaluation: that run alone is mirrored anew
+    eval_json.write_text(eval_json.read_text().replace("summarization", "summarization "))
+    os.utime(eval_json, (1, 1))
+    _report(tmp_path, p)
+    assert len(client.search_runs([exp_id], filter_string="tags.stage = 'train'")) == len(children) + 1

@@ -18,7 +18,17 @@ mlflow_tracking = pytest.importorskip("mlflow.tracking")  # imported once here, 
 
 @pytest.fixture(autouse=True)
 def tracking_on(monkeypatch):
+    """These tests are about the live tracker: the train stage mirroring as it trains."""
     monkeypatch.setenv("ABLATION_LAB_TRACKING", "1")
+    monkeypatch.setenv("ABLATION_LAB_MLFLOW_LIVE", "1")
+
+
+def test_without_live_tracking_the_train_stage_leaves_mlflow_to_the_report(tiny_shards, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ABLATION_LAB_MLFLOW_LIVE", "0")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    info = assert_dvc_outputs_complete(train_tiny(tiny_shards, tmp_path))
+    assert info["mlflow_run_id"] is None and not (tmp_path / "mlflow.db").exists()
 
 
 def closed_port() -> int:

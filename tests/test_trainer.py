@@ -82,6 +82,7 @@ def test_outputs_and_checkpoints_load_with_weights_only(tiny_shards, capsys):
     info = json.loads((out / "train.json").read_text())
     assert info["params_total"] == info["params_by_component"]["total"] > 0
     assert info["mfu"] is None or 0 < info["mfu"] < 1
+    assert info["threads"] == torch.get_num_threads() >= 1
     assert 0 <= info["padding_ratio"] < 0.5
     rows = (out / "val_curve.csv").read_text().splitlines()
     assert rows[0] == "step,tokens,val_loss" and len(rows) - 1 == -(-metrics["steps"] // 5)
@@ -289,18 +290,19 @@ def test_language_modelling_trains_from_the_token_files(tmp_path):
     assert list((tmp_path / "ckpt" / ".token-cache").glob("*.tokens"))  # next to the checkpoints, shared by runs
 
 
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
-def test_flops_per_target_token_matches_the_6n_formula(arch):
+def test_flops_per_target_token_matches_the_6n_formula(arch, positional):
     """With source length = target length, both architectures reduce to the PaLM count:
     6 x (non-embedding weights + output projection) + 12 x layers x d_model x keys per query."""
     from model import ModelConfig, build_model
     from pipeline.train import flops_per_target_token
 
     cfg = ModelConfig(vocab_size=97, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=3, d_ff=64,
-                      arch=arch, positional="sinusoidal")
+                      arch=arch, positional=positional)
     model = build_model(cfg)
     counts = model.param_counts()
-    weights = counts["total"] - counts["embeddings"]  # tied output: the table is counted once
+    weights = counts["total"] - counts["embeddings"]  # token and learned position tables are lookups
     head = 6 * 32 * 97
     if arch == "encoder_decoder":  # encoder on S=10 source tokens, decoder self (10) + cross (10) keys
         expected = 6 * weights + 12 * 32 * (2 * 10 + 3 * 20) + head

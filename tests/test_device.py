@@ -1,0 +1,43 @@
+"""CPU threads chosen from the cores that are free, and the CPU's MFU denominator measured once."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline import device
+from pipeline.device import choose_threads, cpu_peak_flops
+
+
+@pytest.mark.parametrize(("cores", "busy", "expected"), [(2, 0, 2), (2, 1, 1), (2, 5, 1), (8, 2, 6), (1, 0, 1)])
+def test_auto_threads_take_the_cores_the_other_running_processes_leave(cores, busy, expected):
+    threads, why = choose_threads(0, cores=cores, busy=busy)
+    assert threads == expected
+    assert why.startswith(f"{expected} (train.threads: 0 = auto: {cores} cores") and f"{busy} other" in why
+
+
+def test_a_fixed_thread_count_is_kept_whatever_is_free():
+    assert choose_threads(3, cores=2, busy=2) == (3, "3 (train.threads)")
+
+
+def test_auto_threads_read_this_machine_without_failing():
+    threads, _ = choose_threads(0)
+    assert threads >= 1
+
+
+def test_the_cpu_peak_is_measured_once_per_machine_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(device, "measured_matmul_flops", lambda: calls.append(1) or 1e10 * len(calls))
+    first, source = cpu_peak_flops(tmp_path)
+    second, _ = cpu_peak_flops(tmp_path)
+    assert first == second == 1e10 and len(calls) == 1  # a second run divides by the same number
+    assert "measured once" in source
+    (key,) = json.loads((tmp_path / "cpu_peak_flops.json").read_text())
+    assert "threads" in key and "torch" in key
+
+
+def test_a_corrupt_cache_is_measured_again(tmp_path, monkeypatch):
+    (tmp_path / "cpu_peak_flops.json").write_text("{not json")
+    monkeypatch.setattr(device, "measured_matmul_flops", lambda: 5e9)
+    assert cpu_peak_flops(tmp_path)[0] == 5e9
+    assert list(json.loads((tmp_path / "cpu_peak_flops.json").read_text()).values()) == [5e9]
