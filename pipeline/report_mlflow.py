@@ -61,6 +61,8 @@ def mirror_runs(runs: list[RunFiles], report_dir: Path, experiment: str) -> str 
         client = MlflowClient(tracking_uri=tracking_uri())
         exp = client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+        # MLflow 3 opens an untagged experiment in its GenAI view; this is model training.
+        client.set_experiment_tag(exp_id, "mlflow.experimentKind", "custom_model_development")
         mirrored = {r.data.tags[DIGEST_TAG]: r.info.run_id
                     for r in client.search_runs([exp_id], filter_string="tags.stage = 'train'", max_results=50_000)
                     if DIGEST_TAG in r.data.tags}

@@ -365,13 +365,16 @@ def output_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[B
 
 def per_run_blocks(runs, variants, seeds, metrics: Sequence[str]) -> list[Block]:
     """Every run's own values, as written in its files, so each mean above can be checked."""
+    # Run ids exist only where the train stage mirrored live; otherwise the report stage mirrors
+    # after this page is written, and the MLflow run is found by its name.
+    live = any((runs[(v, s)].train or {}).get("mlflow_run_id") for v in variants for s in seeds)
     rows = []
     for v in variants:
         for s in seeds:
             run = runs[(v, s)]
             rows.append([v, str(s)] + [fmt_raw(run.eval, m) for m in metrics] + [
                 fmt_raw(run.train, "tokens_trained"), fmt_raw(run.train, "wall_time_s"),
-                fmt_raw(run.train, "mlflow_run_id"),
-            ])
-    headers = ["variant", "seed"] + list(metrics) + ["tokens trained", "wall time (s)", "MLflow run"]
-    return [Heading("Per-run values"), Table(headers, rows, "One row per variant × seed")]
+            ] + ([fmt_raw(run.train, "mlflow_run_id")] if live else []))
+    headers = ["variant", "seed"] + list(metrics) + ["tokens trained", "wall time (s)"] + (["MLflow run"] if live else [])
+    caption = "One row per variant × seed" + ("" if live else "; in MLflow, the run named <variant>-<seed> under this report's run")
+    return [Heading("Per-run values"), Table(headers, rows, caption)]

@@ -78,7 +78,9 @@ def test_runs_trained_without_live_tracking_are_mirrored_from_their_files_once(t
         (run_dir / "config.json").write_text(json.dumps({"model": {"d_model": 32}, "train": {"lr": 0.001}}))
     _report(tmp_path, p)
     client = mlflow_tracking.MlflowClient()
-    exp_id = client.get_experiment_by_name("abl-test").experiment_id
+    exp = client.get_experiment_by_name("abl-test")
+    exp_id = exp.experiment_id
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the "Model training" view
     children = client.search_runs([exp_id], filter_string="tags.stage = 'train'")
     assert sorted(r.info.run_name for r in children) == sorted(f"{v}-{s}" for v in VARIANTS for s in (0, 1))
     parent = client.search_runs([exp_id], filter_string="tags.stage = 'report'")[0]
