@@ -97,9 +97,13 @@ class MultiHeadAttention(nn.Module):
         # Chosen once here, never per call (the weights for attention maps use the manual path).
         self.attend: AttendFn = fused_attention if impl == "sdpa" else scaled_dot_product_attention
 
-    def _split(self, x: Tensor, n: int) -> Tensor:
+    def _split(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
+        """(B, L, n*H*Dh) -> n tensors (B, H, L, Dh). Split first, then view each: the backward is
+        then one concatenation into the projection's gradient, where viewing the whole as
+        (n, B, H, L, Dh) made it stack and permute, and the weight gradient's matmul copy it."""
         b, length, _ = x.shape
-        return x.view(b, length, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (n, B, H, L, Dh)
+        return tuple(t.view(b, length, self.n_heads, self.head_dim).transpose(1, 2)
+                     for t in x.split(self.n_heads * self.head_dim, dim=-1))
 
     def forward(self, x: Tensor, memory: Tensor | None = None, attn_mask: Tensor | None = None,
                 is_causal: bool = False, rope: Callable[[Tensor, Tensor], Tensor] | None = None,

@@ -39,8 +39,9 @@ class AbsolutePositions(nn.Module):
             raise ValueError(f"AbsolutePositions: unknown kind {kind!r}")
 
     def forward(self, x: Tensor, pos: Tensor) -> Tensor:
-        table = self.table if self.kind == "sinusoidal" else self.embedding.weight
-        return x + table[pos].to(x.dtype)  # (L, D) or (B, L, D), broadcast over the batch
+        if self.kind == "learned":  # an embedding lookup: its backward is cheaper than indexing's
+            return x + self.embedding(pos).to(x.dtype)  # (L, D) or (B, L, D), broadcast over the batch
+        return x + self.table[pos].to(x.dtype)
 
 
 class Rotary(nn.Module):
