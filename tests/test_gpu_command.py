@@ -1,5 +1,5 @@
 """`bash run.sh gpu` on CPU: the no-CUDA path, the 124M benchmark's FLOP count against a hand count,
-the benchmark and the stage timer run end to end at a tiny shape."""
+and the benchmarks and the stage timer run end to end at tiny shapes."""
 from __future__ import annotations
 
 import shutil
@@ -88,3 +88,14 @@ def test_stage_times_sum_each_stage_to_the_next_and_group_families():
 def test_stage_times_passes_the_commands_exit_code_through():
     rc, times = run_timed([sys.executable, "-c", "print(\"Running stage 'a':\"); raise SystemExit(3)"])
     assert rc == 3 and list(times["stages"]) == ["a"]
+
+
+def test_the_minimal_gpt_of_the_step_benchmark_has_our_shape_and_both_steps_run():
+    import argparse
+
+    from benchmarks.gpt_step import steps
+
+    built = steps(argparse.Namespace(vocab=65, d_model=32, heads=4, layers=2, context=16, batch=2))
+    assert built["params"]["ours"] == built["params"]["minimal"]
+    built["step"]("ours")
+    built["step"]("minimal")
