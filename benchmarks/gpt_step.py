@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model import ModelConfig, build_model
+from benchmarks.gpu import gpt_config
+from model import build_model
 
 
 class MinimalBlock(nn.Module):
@@ -59,10 +60,7 @@ class MinimalGPT(nn.Module):
 
 def steps(args) -> dict:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_heads=args.heads, n_encoder_layers=0,
-                      n_decoder_layers=args.layers, d_ff=4 * args.d_model, dropout=0.0, max_len=args.context,
-                      arch="decoder_only", positional="learned", norm="layernorm", norm_position="pre",
-                      ffn="gelu", bias=False, tie_output=True)
+    cfg = gpt_config(args.vocab, args.d_model, args.heads, args.layers, 4 * args.d_model, args.context)
     ours = build_model(cfg).train()
     minimal = MinimalGPT(args.vocab, args.d_model, args.heads, args.layers, 4 * args.d_model, args.context).train()
     params = {"ours": sum(p.numel() for p in ours.parameters()),

@@ -25,6 +25,7 @@ import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -95,7 +96,7 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
     tokens = torch.randint(4, cfg.vocab_size, (batch, cfg.max_len + 1), device=device)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    def stepper(model: nn.Module, runner) -> callable:
+    def stepper(model: nn.Module, runner: Callable) -> Callable[[], None]:
         opt = make_optimizer(model, 6e-4, (0.9, 0.95), 1e-8, 0.1, device)
 
         def run() -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pipeline.params import default_cache_dir
+
 # Dense bf16 peak FLOP/s by GPU name, from the vendors' data sheets (no sparsity). The first key
 # found in the device name wins, so the PCIe/NVL boards come before the SXM default.
 GPU_PEAK_BF16 = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12,
@@ -134,11 +136,7 @@ def cpu_peak_flops(cache_dir: Path | None = None) -> tuple[float, str]:
     """
     threads = torch.get_num_threads()
     key = f"{platform.machine()}|{_cpu_model()}|torch {torch.__version__}|{threads} threads"
-    # The download cache's folder (pipeline.fetch.default_cache_dir), per user and outside the
-    # repository; not imported, so the train stage does not depend on the download code.
-    env = os.environ.get("ABLATION_LAB_CACHE")
-    default = Path(env).expanduser() if env else Path.home() / ".cache" / "ablation-lab"
-    path = Path(cache_dir or default) / "cpu_peak_flops.json"
+    path = Path(cache_dir or default_cache_dir()) / "cpu_peak_flops.json"
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from pipeline.params import default_cache_dir  # noqa: F401 - part of this module's API
+
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 16
@@ -85,12 +87,6 @@ def is_cached(dest: str | os.PathLike, size: int | None = None, sha256: str | No
     """Whether `dest` exists and verifies, i.e. `fetch` would return it without the network."""
     dest = Path(dest)
     return dest.is_file() and _verify(dest, size, sha256) is None
-
-
-def default_cache_dir() -> Path:
-    """`$ABLATION_LAB_CACHE`, else `~/.cache/ablation-lab`."""
-    env = os.environ.get("ABLATION_LAB_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ablation-lab"
 
 
 def cache_path(cache_dir: str | os.PathLike, url: str) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +16,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+
+
+def default_cache_dir() -> Path:
+    """`$ABLATION_LAB_CACHE`, else `~/.cache/ablation-lab`: per-user state outside the repository
+    (downloads, the CPU's measured peak). Here because every stage already depends on this module."""
+    env = os.environ.get("ABLATION_LAB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ablation-lab"
 
 class ParamsError(ValueError):
     """A params.yaml problem; its message names the offending key."""

@@ -74,21 +74,17 @@ class Tracker:
               "tracking is off for this run, DVC files are complete", file=sys.stderr)
         self.enabled = False
 
-    def start(self, experiment: str, run_name: str, tags: dict[str, str], run_id: str | None = None) -> None:
-        """Start a new run, or reopen `run_id` (the evaluate stage adds to the training run)."""
+    def start(self, experiment: str, run_name: str, tags: dict[str, str]) -> None:
+        """Start a new run in `experiment` (created if missing)."""
         if not self.enabled:
             return
         try:
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=tracking_uri())
-            if run_id is not None:
-                self._client.update_run(run_id, status="RUNNING")
-                self.run_id = run_id
-            else:
-                exp = self._client.get_experiment_by_name(experiment)
-                exp_id = exp.experiment_id if exp else self._client.create_experiment(experiment)
-                self.run_id = self._client.create_run(exp_id, run_name=run_name).info.run_id
+            exp = self._client.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp else self._client.create_experiment(experiment)
+            self.run_id = self._client.create_run(exp_id, run_name=run_name).info.run_id
             for key, value in tags.items():
                 self._client.set_tag(self.run_id, key, str(value))
         except Exception as exc:  # noqa: BLE001 - any MLflow failure must not stop training

@@ -126,10 +126,11 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     # Rank 0 alone mirrors to MLflow, and only when asked to live: by default the report stage
     # mirrors every run from these files at the end, sparing each run MLflow's ~2 s start-up.
     tracker = Tracker(enabled=track and cluster.main and live_tracking())
-    tracker.start(experiment, f"{variant}-{seed}", {
-        "variant": variant, "seed": seed, "stage": "train", "git_revision": git_revision() or "unknown",
-        "tokenizer_sha256": manifest["tokenizer_sha256"], "data_hash": config_hash(manifest["splits"]),
-    })
+    if tracker.enabled:  # its tags cost a `git rev-parse`: only when they are sent
+        tracker.start(experiment, f"{variant}-{seed}", {
+            "variant": variant, "seed": seed, "stage": "train", "git_revision": git_revision() or "unknown",
+            "tokenizer_sha256": manifest["tokenizer_sha256"], "data_hash": config_hash(manifest["splits"]),
+        })
     tracker.log_params({**resolved, "seed": seed, "variant": variant})
     try:
         result = trainer.train(model, data, tcfg, ckpt_dir, run_hash, tracker=tracker, cluster=cluster)
