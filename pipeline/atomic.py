@@ -6,6 +6,7 @@ final `os.replace` is atomic) and renamed only once the write has succeeded.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -24,6 +25,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # A write killed mid-way (SIGKILL skips the cleanup below) left its temporary: one writer per
+    # output path, so whatever is there now is stale.
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp*"):
+        _remove(stale)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -40,10 +45,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif tmp.exists():
-            tmp.unlink()
+        _remove(tmp)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

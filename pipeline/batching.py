@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
@@ -39,11 +43,28 @@ def read_manifest(shards: Path) -> dict:
         raise ValueError(f"{path}: cannot read the shard manifest ({exc})") from exc
 
 
+@contextmanager
+def reading_shard(path: Path) -> Iterator[None]:
+    """Errors while reading a shard name it: pyarrow's own ("Corrupt snappy compressed data.") do not."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise ValueError(f"{path}: shard listed in the manifest is missing; rebuild the shards with "
+                         f"`dvc repro --force encode`") from None
+    except (pa.ArrowException, OSError) as exc:
+        # pyarrow sometimes puts the path in front of the reason; it is named once, first
+        reason = re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc).strip())
+        reason = (reason.splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{path}: corrupt or unreadable parquet shard ({reason}); rebuild the shards "
+                         f"with `dvc repro --force encode`") from None
+
+
 def load_split(shards: Path, manifest: dict, split: str, limit: int | None = None) -> Split:
     src, tgt = [], []
     for name in manifest["splits"][split]["files"]:
         # memory_map: pages come from the OS cache instead of a second copy in Python's heap.
-        table = pq.read_table(Path(shards) / name, memory_map=True, columns=["src_ids", "tgt_ids"])
+        with reading_shard(Path(shards) / name):
+            table = pq.read_table(Path(shards) / name, memory_map=True, columns=["src_ids", "tgt_ids"])
         for column, out in (("src_ids", src), ("tgt_ids", tgt)):
             col = table.column(column).combine_chunks()
             values = col.values.to_numpy(zero_copy_only=False)
@@ -62,10 +83,13 @@ def load_texts(shards: Path, manifest: dict, split: str, limit: int | None = Non
     src, tgt = [], []
     for name in manifest["splits"][split]["files"]:
         path = Path(shards) / name
-        if "tgt_text" not in pq.ParquetFile(path).schema_arrow.names:
+        with reading_shard(path):
+            columns = pq.ParquetFile(path).schema_arrow.names
+        if "tgt_text" not in columns:
             raise ValueError(f"{path}: shard has no raw text (made by an older encode stage); "
                              f"rerun `dvc repro encode`")
-        table = pq.read_table(path, columns=["src_text", "tgt_text"])
+        with reading_shard(path):
+            table = pq.read_table(path, columns=["src_text", "tgt_text"])
         src += table.column("src_text").to_pylist()
         tgt += table.column("tgt_text").to_pylist()
         if limit is not None and len(src) >= limit:
@@ -160,11 +184,17 @@ def lm_token_file(shards: Path, manifest: dict, split: str, cache_dir: Path) -> 
         # it into place; the contents are identical, so whichever rename lands last is fine.
         with atomic_path(path) as tmp, open(tmp, "wb") as out:
             for name in files:
-                for batch in pq.ParquetFile(name).iter_batches(batch_size=8192, columns=["tgt_ids"]):
+                for batch in _shard_batches(name, ["tgt_ids"]):
                     out.write(_with_eos(batch.column(0), manifest["eos_id"], dtype).tobytes())
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=dtype)  # mmap cannot map an empty file
     return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _shard_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    # Only the reading is guarded: an error while writing the cache (a full disk) is not the shard's.
+    with reading_shard(path):
+        yield from pq.ParquetFile(path).iter_batches(batch_size=8192, columns=columns)
 
 
 def _with_eos(docs, eos_id: int, dtype: np.dtype) -> np.ndarray:

@@ -28,12 +28,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import ValidationError
 
 from pipeline import trainer
 from pipeline.atomic import atomic_path
@@ -41,19 +44,64 @@ from pipeline.batching import Split, collate, load_split, load_texts, read_manif
 from pipeline.batching import lm_stream as training_stream
 from pipeline.device import choose_threads, resolve_device
 from pipeline.output_checks import flags, output_stats
-from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
+from pipeline.params import EvaluateParams, ParamsError, TrainParams, load_params, stage_error
 from pipeline.train_bpe import load_tokenizer
 
 # (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
 ATTENTION_TOKENS = 64  # LM attention map: the first tokens of a validation document
 
 
+# What evaluate takes from the run's config.json: the batch shapes and device it trained with.
+RUN_SETTINGS = ("threads", "batch_tokens", "context", "batch_size", "device")
+
+
+def read_object(path: Path, keys: tuple[str, ...] = ()) -> dict:
+    """A JSON object the train stage wrote, with `keys`; what is wrong is reported with the file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); rerun the train stage that wrote it") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise ValueError(f"{path}: no key {missing[0]!r}; rerun the train stage that wrote it")
+    return value
+
+
+def run_settings(run_dir: Path) -> TrainParams:
+    """train.* of the run's config.json, checked as params.yaml's train section is."""
+    path = run_dir / "config.json"
+    train = read_object(path, ("train",))["train"]
+    if not isinstance(train, dict):
+        raise ValueError(f"{path}: train is {train!r}, not an object")
+    missing = [k for k in RUN_SETTINGS if k not in train]
+    if missing:
+        raise ValueError(f"{path}: no key 'train.{missing[0]}'; rerun the train stage that wrote it")
+    try:
+        return TrainParams.model_validate({k: train[k] for k in RUN_SETTINGS})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ValueError(f"{path}: train.{err['loc'][0]}: {err['msg']} (got {err['input']!r})") from None
+
+
 def load_model(run_dir: Path, device: torch.device):
     from model import ModelConfig, build_model
 
-    state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
-    model = build_model(ModelConfig(**state["model_config"]))
-    model.load_state_dict(state["state_dict"])
+    path = run_dir / "model.pt"
+    # torch.load reports a cut file as "[Errno 22] Invalid argument" or a bare EOFError; a
+    # PyTorch file is a zip archive, whose directory at the end is the first thing a cut loses.
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: truncated or not a PyTorch file ({path.stat().st_size} bytes); "
+                         f"rerun the train stage that wrote it")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model = build_model(ModelConfig(**state["model_config"]))
+        model.load_state_dict(state["state_dict"])
+    except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as exc:
+        reason = f"no key {exc}" if isinstance(exc, KeyError) else \
+            (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{path}: unreadable model file ({reason}); rerun the train stage that wrote it") from None
     return model.to(device).eval()
 
 
@@ -245,7 +293,7 @@ def lm_attention(model, val: Split, sp, eos_id: int, context: int, device: torch
 def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: EvaluateParams, batch_tokens: int,
              context: int, batch_size: int, device: torch.device = torch.device("cpu")) -> dict:
     manifest = read_manifest(shards)
-    info = json.loads((run_dir / "train.json").read_text())
+    info = read_object(run_dir / "train.json", ("variant", "seed"))
     model = load_model(run_dir, device)
     sp = load_tokenizer(tokenizer)
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
@@ -298,12 +346,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         params = load_params(args.params)
         # Batch shapes come from the variant's own resolved training settings (written by train).
-        t = json.loads((Path(args.run) / "config.json").read_text())["train"]
-        torch.set_num_threads(choose_threads(t["threads"])[0])
+        t = run_settings(Path(args.run))
+        torch.set_num_threads(choose_threads(t.threads)[0])
         torch.set_flush_denormal(True)  # as in training: denormals are slow on CPUs
         metrics = evaluate(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
-                           params.evaluate, t["batch_tokens"], t["context"], t["batch_size"],
-                           resolve_device(t["device"]))
+                           params.evaluate, t.batch_tokens, t.context, t.batch_size,
+                           resolve_device(t.device))
     except (ParamsError, ValueError, OSError, KeyError) as exc:
         raise stage_error("evaluate", exc) from None
     # MLflow gets these from the report stage, in one process for all runs: importing MLflow and

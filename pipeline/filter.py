@@ -110,12 +110,40 @@ def filter_splits(frames: dict[str, pd.DataFrame], cfg: FilterParams,
         stats["splits"]["train"]["kept"] = len(kept["train"])
     for split in SPLITS:
         if kept.get(split) is None or kept[split].empty:
-            raise ValueError(f"filter: split {split!r} is empty after filtering; loosen the filter limits")
+            raise ValueError(f"split {split!r} is empty after filtering: {_why_empty(split, stats['splits'], cfg)}")
     stats["length_percentiles"] = {
         side: {stage: percentiles(np.concatenate(lengths[side, stage])) for stage in ("raw", "kept")}
         for side in ("source", "target")}
     stats["limits"] = cfg.model_dump()
     return kept, stats
+
+
+def _why_empty(split: str, splits: dict, cfg: FilterParams) -> str:
+    """What emptied `split` and the setting to change: the length limits are blamed only when they
+    removed examples (raising them cannot fill a split that had no rows to begin with)."""
+    train = splits["train"]
+    carved = train.get("to_validation", 0) + train.get("to_test", 0)
+    limits = (f"source {cfg.min_source_tokens}-{cfg.max_source_tokens}, target {cfg.min_target_tokens}-"
+              f"{cfg.max_target_tokens} {cfg.length_unit}")
+    s = splits[split]
+    if "from_train" in s:  # carved from train, which is not empty (it is checked first)
+        fraction = "val_fraction" if split == "validation" else "test_fraction"
+        why = (f"filter.{fraction} = {getattr(cfg, fraction)} of the {train['kept'] + carved} training "
+               f"examples left rounds to none; raise it or give the source more examples")
+        removed = [f"the length limits ({limits}) removed {train['dropped_length']} of {train['raw']}"
+                   ] if train["dropped_length"] else []
+        if train["dropped_subsample"]:
+            removed.append(f"filter.subsample = {cfg.subsample} removed {train['dropped_subsample']}")
+        return why + (f" ({'; '.join(removed)})" if removed else "")
+    if s["raw"] == 0:
+        return "the raw split has no examples"
+    if s["dropped_length"] == s["raw"]:
+        return f"all {s['raw']} examples are outside the length limits ({limits}); loosen the filter limits"
+    if s["kept"] + (carved if split == "train" else 0) == 0:
+        return (f"filter.subsample = {cfg.subsample} kept none of the {s['raw'] - s['dropped_length']} "
+                f"examples within the length limits; raise it")
+    return (f"filter.val_fraction + filter.test_fraction took all {carved} examples for validation and "
+            f"test; lower them")
 
 
 def main(argv: list[str] | None = None) -> None:

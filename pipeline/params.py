@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+# Every dataset source; each real one keeps its options under `data.<name>` (pipeline/sources).
+SOURCE_NAMES = ("synthetic", "cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "multi30k", "local")
+ABLATABLE = ("model", "train")  # the sections an ablation may override
+# A variant name becomes a DVC stage name and a directory (data/runs/<variant>-<seed>): no spaces,
+# no slashes, nothing a shell or a path would read differently.
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def default_cache_dir() -> Path:
@@ -59,12 +66,19 @@ class SyntheticParams(Section):
 
 
 class DataParams(BaseModel):
-    # Extra keys are allowed here: each real source keeps its options under data.<source name>,
-    # validated by that source's own schema when the download stage runs.
+    # Extra keys are allowed here, but only source names: each real source keeps its options under
+    # data.<source name>, validated by that source's own schema (pipeline.check_params, download).
     model_config = ConfigDict(extra="allow")
-    source: str = "synthetic"
+    source: Literal[SOURCE_NAMES] = "synthetic"
     cache_dir: str | None = None  # where real downloads are cached (default ~/.cache/ablation-lab)
     synthetic: SyntheticParams = SyntheticParams()
+
+    @model_validator(mode="after")
+    def _extras_are_sources(self) -> "DataParams":
+        for key in self.model_extra or {}:
+            if key not in SOURCE_NAMES:
+                raise ValueError(unknown_key(f"data.{key}", key, [*type(self).model_fields, *SOURCE_NAMES]))
+        return self
 
 
 class FilterParams(Section):
@@ -79,6 +93,13 @@ class FilterParams(Section):
     val_fraction: float = Field(0.1, ge=0, lt=1)  # only used where the source has no such split
     test_fraction: float = Field(0.1, ge=0, lt=1)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _room_for_training(self) -> "FilterParams":
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ValueError(f"filter.val_fraction + filter.test_fraction = "
+                             f"{self.val_fraction + self.test_fraction:g} leaves nothing to train on (must be < 1)")
+        return self
 
 
 class TrainBpeParams(Section):
@@ -106,7 +127,7 @@ class TrainParams(Section):
     context: int = Field(256, gt=1)  # language modelling: window length
     grad_accum: int = Field(1, gt=0)
     lr: float = Field(1e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.98)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.98)  # AdamW
     eps: float = Field(1e-9, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     decay_embeddings: bool = False  # decay embedding tables too (nanoGPT's rule); default: exempt
@@ -149,6 +170,9 @@ class ReportParams(Section):
     experiment: str = "ablation-lab"  # MLflow experiment that holds every run
     notes: list[str] = []  # printed in the report's setup: what a preset matched, what differs
     reference: Reference | None = None
+    # The one metric whose paired test vs the baseline is not corrected for multiplicity; None:
+    # val_loss (pipeline.report_tables.DEFAULT_PRIMARY says why). The others are Holm-corrected.
+    primary_metric: str | None = None
 
 
 class Params(Section):
@@ -160,11 +184,38 @@ class Params(Section):
     train: TrainParams = TrainParams()
     evaluate: EvaluateParams = EvaluateParams()
     report: ReportParams = ReportParams()
-    seeds: list[int] = Field([0], min_length=1)
-    ablations: dict[str, dict[str, Any]] = {"baseline": {}}
+    # Training seeds (numpy's seeds are unsigned 32-bit); each one trains every variant.
+    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field([0], min_length=1)
+    ablations: dict[str, dict[str, Any] | None] = {"baseline": {}}
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            dup = next(s for s in seeds if seeds.count(s) > 1)
+            raise ValueError(f"seeds: {dup} is listed twice (each seed trains every variant once)")
+        return seeds
+
+    @field_validator("ablations")
+    @classmethod
+    def _names(cls, ablations: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+        for name, overrides in ablations.items():
+            if not VARIANT_NAME.match(str(name)):
+                raise ValueError(f"ablations.{name!r}: a variant name must be letters, digits, '_', '.' "
+                                 "or '-' (it names a DVC stage and a directory)")
+            for section in overrides or {}:
+                if section not in ABLATABLE:
+                    raise ValueError(f"ablations.{name}.{section}: unknown section (allowed: {', '.join(ABLATABLE)})")
+        return {name: overrides or {} for name, overrides in ablations.items()}
+
+    @model_validator(mode="after")
+    def _baseline_exists(self) -> "Params":
+        if self.report.baseline not in self.ablations:
+            raise ValueError(f"report.baseline: {self.report.baseline!r} is not a variant in ablations "
+                             f"(have: {', '.join(self.ablations)})")
+        return self
 
 
-ABLATABLE = ("model", "train")
 # ModelConfig fields that come from the tokenizer, not from params.yaml.
 FROM_TOKENIZER = ("vocab_size", "pad_id", "bos_id", "eos_id")
 
@@ -186,10 +237,33 @@ def model_fields() -> dict[str, Any]:
     return out
 
 
+def unknown_key(path: str, key: str, known: list[str]) -> str:
+    """`path: unknown key (did you mean 'x'?)`: the message for every misspelt key."""
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
+    return f"{path}: unknown key ({hint})"
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """The keys allowed where the error `loc` points (Params' nested sections)."""
+    model: Any = Params
+    for name in loc:
+        field = getattr(model, "model_fields", {}).get(name)
+        model = field.annotation if field else None
+    return list(getattr(model, "model_fields", {}))
+
+
 def _error_line(exc: ValidationError, source: str) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    return f"{source}: {where}: {err['msg']}"
+    loc = tuple(err["loc"])
+    where = ".".join(str(p) for p in loc)
+    if err["type"] == "extra_forbidden":
+        return f"{source}: {unknown_key(where, str(loc[-1]), _fields_at(loc[:-1]))}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if msg.startswith(where):  # our own validators name the key themselves
+        return f"{source}: {msg}"
+    got = f" (got {err['input']!r})" if not isinstance(err["input"], dict) else ""
+    return f"{source}: {where}: {msg}{got}"
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -204,10 +278,6 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         params = Params.model_validate(raw)
     except ValidationError as exc:
         raise ParamsError(_error_line(exc, str(path))) from exc
-    for name, overrides in params.ablations.items():
-        for section in overrides or {}:
-            if section not in ABLATABLE:
-                raise ParamsError(f"{path}: ablations.{name}.{section}: unknown section (allowed: model, train)")
     return params
 
 
@@ -217,12 +287,22 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any], where: str 
     for key, value in (overrides or {}).items():
         path = f"{where}.{key}" if where else str(key)
         if key not in merged:
-            raise ParamsError(f"unknown key {path!r}")
+            raise ParamsError(unknown_key(path, key, list(merged)))
         if isinstance(merged[key], dict) and isinstance(value, dict):
             merged[key] = merge_overrides(merged[key], value, path)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+def model_config(model_section: dict[str, Any], tokenizer: dict[str, Any], where: str):
+    """ModelConfig of merged `model` settings and the tokenizer's ids; its error names `where`."""
+    from model import ModelConfig
+
+    try:
+        return ModelConfig(**model_section, **{key: tokenizer[key] for key in FROM_TOKENIZER})
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"{where}: {exc}") from exc
 
 
 def resolve_variant(params: Params, variant: str) -> dict[str, dict[str, Any]]:
@@ -232,7 +312,7 @@ def resolve_variant(params: Params, variant: str) -> dict[str, dict[str, Any]]:
     known = model_fields()
     for key in params.model:
         if key not in known:
-            raise ParamsError(f"model: unknown key {key!r} (known: {', '.join(sorted(known))})")
+            raise ParamsError(unknown_key(f"model.{key}", key, sorted(known)))
     base = {
         "model": {**known, **params.model},
         "train": params.train.model_dump(),

@@ -7,20 +7,24 @@ Design decisions:
 - Reads only the stage outputs (train.json, curves, eval.json, samples, attention, filter.json);
   every number in the report comes from those files. A missing file or value is shown as missing
   (—), never as zero; an unreadable file stops the stage with one line naming it (exit code 1).
-- Statistics are in pipeline.stats (t-intervals over seeds, paired t-test vs the baseline).
+- Statistics are in pipeline.stats (t-intervals over seeds, paired t-test vs the baseline, power,
+  Holm). One primary metric (report.primary_metric) is tested uncorrected, the other metrics are
+  Holm-corrected as one family, and metrics derived from another (ppl, bits) get no verdict.
 - The outputs are built in a temporary directory and swapped in at the end, each atomically, so a
   failure leaves the previous report intact instead of a half-written one. Only the stage's own
   outputs are replaced: reports/studies/ (committed study reports) lives beside them.
-- MLflow only mirrors (pipeline.report_mlflow): one parent run holds the report as artifacts and
-  adopts each training run as a child, created from the stages' files unless the train stage
-  mirrored it live. Any MLflow failure is a warning; the report on disk is the result.
+- MLflow only mirrors (pipeline.report_mlflow): each training run is a top-level run (so `mlflow ui`
+  lists every variant x seed), created from the stages' files unless the train stage mirrored it
+  live, and one `report` run holds the report as artifacts. Any MLflow failure is a warning; the
+  report on disk is the result.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
-import json
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,6 +40,7 @@ from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_r
 from pipeline.report_mlflow import RunFiles, mirror_runs
 from pipeline.report_render import Paragraph, to_html, to_markdown
 from pipeline.report_tables import (
+    BASE_METRICS, DERIVED, TASK_METRICS,
     compute_results, cost_blocks, data_blocks, output_blocks, params_blocks, per_run_blocks, plateau_blocks,
     reference_blocks, results_blocks, unigram_plateau,
     samples_blocks, setup_blocks,
@@ -51,7 +56,7 @@ BUDGET_KEYS = ("budget_tokens", "budget_steps")
 def render_report(
     runs_dir: Path, evals_dir: Path, filter_metrics: Path, variants: Sequence[str], seeds: Sequence[int],
     baseline: str, budget: Mapping[str, object], out_dir: Path,
-    notes: Sequence[str] = (), reference: Mapping | None = None,
+    notes: Sequence[str] = (), reference: Mapping | None = None, primary_metric: str | None = None,
 ) -> dict[str, dict[str, str]]:
     """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
 
@@ -65,12 +70,14 @@ def render_report(
         raise ReportInputError(f"baseline {baseline!r} is not one of the variants {variants}")
     runs = load_runs(Path(runs_dir), Path(evals_dir), variants, seeds)
     filt = load_filter_metrics(Path(filter_metrics))
-    results = compute_results(runs, variants, seeds, baseline)
+    results = compute_results(runs, variants, seeds, baseline, primary_metric)
     plateau = unigram_plateau(runs)
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(".report-build.*"):  # left by a report stage killed mid-build
+        shutil.rmtree(stale, ignore_errors=True)
     # Built whole in a scratch folder, then each output swapped in atomically: a failure leaves the
     # previous report, and the folder's other contents (reports/studies/) are never touched.
     with tempfile.TemporaryDirectory(prefix=".report-build.", dir=out_dir) as build:
@@ -129,6 +136,13 @@ def _read_params(path: Path) -> dict:
     except ValidationError as e:
         err = e.errors()[0]
         raise ReportInputError(f"{path}: report.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    primary = (params.get("report") or {}).get("primary_metric")
+    if primary is not None and primary not in BASE_METRICS + TASK_METRICS:
+        raise ReportInputError(f"{path}: report.primary_metric {primary!r} is not a reported metric "
+                               f"({', '.join(BASE_METRICS + TASK_METRICS)})")
+    if primary in DERIVED:  # its test is its source's: name the source, so the family is right
+        raise ReportInputError(f"{path}: report.primary_metric {primary!r} is derived from "
+                               f"{DERIVED[primary]!r} (the same test); name {DERIVED[primary]!r}")
     baseline = (params.get("report") or {}).get("baseline", "baseline")
     if baseline not in params["ablations"]:
         raise ReportInputError(f"{path}: report.baseline {baseline!r} is not a key of 'ablations'")
@@ -155,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             budget={k: train[k] for k in BUDGET_KEYS if train.get(k) is not None},
             out_dir=args.out_dir,
             notes=[str(n) for n in report.get("notes") or []], reference=report.get("reference"),
+            primary_metric=report.get("primary_metric"),
         )
     except ReportInputError as e:
         raise SystemExit(f"report: {e}") from None

@@ -2,8 +2,11 @@
 
 `reports/metrics.json` (dvc.yaml top-level `metrics:`) holds each variant's mean and 95% interval
 half-width per metric and its paired delta vs the baseline, so `dvc metrics show/diff` and
-`dvc exp show` compare variants and experiments. `reports/curves/{val,train}_loss.csv` hold every
-run's curve with variant and seed columns, drawn by the `by_variant` template (.dvc/plots/).
+`dvc exp show` compare variants and experiments. Each delta also carries how it was tested (role:
+primary / secondary / derived, Holm-adjusted p, the |delta| detectable with 80% power and the seeds
+the observed delta would need); keys are only ever added, pipeline.report_studies reads this file.
+`reports/curves/{val,train}_loss.csv` hold every run's curve with variant and seed columns, drawn by
+the `by_variant` template (.dvc/plots/).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.report_inputs import Run
+from pipeline.report_tables import DERIVED
 
 
 def metrics_summary(results, variants: Sequence[str], plateau: float | None = None) -> dict:
@@ -24,9 +28,15 @@ def metrics_summary(results, variants: Sequence[str], plateau: float | None = No
             entry[m] = {"mean": s.mean, "ci95": s.half_width, "n": s.n}
             d = results.deltas.get(v, {}).get(m)
             if d is not None:
-                entry[m].update({"delta": d.mean, "p": d.p_value, "verdict": d.verdict})
+                t = results.tests[v][m]
+                entry[m].update({"delta": d.mean, "p": d.p_value, "verdict": d.verdict, "role": t.role,
+                                 "p_holm": t.p_holm, "sd_delta": d.sd, "detectable_delta_80": t.detectable,
+                                 "seeds_for_delta_80": t.seeds})
+                if t.role == "derived":
+                    entry[m]["derived_from"] = DERIVED[m]
         out[v] = entry
-    summary = {"variants": out, "main_metric": results.main_metric}
+    summary = {"variants": out, "main_metric": results.main_metric, "primary_metric": results.primary,
+               "holm_family_size": results.family_size}
     if plateau is not None:
         summary["unigram_val_loss"] = plateau  # the encode stage's unigram plateau
     return summary

@@ -40,7 +40,10 @@ def curve_blocks(runs, variants, seeds, colors, figures_dir: Path) -> list[Block
     return [Figure("figures/curves.png",
                    "Training and validation loss vs tokens trained: line = mean over seeds, "
                    "band = min..max across seeds (n = seeds with a curve); y-axis fitted to the last 90% "
-                   "of training." + "".join(f" {a.capitalize()}." for a in absent))]
+                   "of training. The validation curve is the train stage's loss on a fixed subset of the "
+                   "validation split (its first train.eval_examples examples; for language modelling that many "
+                   "context windows, in whole batches), not the whole split of the tables' val_loss "
+                   "(eval.json)." + "".join(f" {a.capitalize()}." for a in absent))]
 
 
 def delta_blocks(results: Results, baseline: str, colors, figures_dir: Path) -> list[Block]:
@@ -53,7 +56,9 @@ def delta_blocks(results: Results, baseline: str, colors, figures_dir: Path) -> 
     figures.plot_deltas(panels, baseline, colors, figures_dir / "deltas.png")
     return [Figure("figures/deltas.png",
                    f"Δ vs {baseline} paired by seed: bar = mean difference, error bar = 95% t-interval "
-                   "(absent when n=1), label = verdict and paired t-test p-value.")]
+                   "(absent when n=1), label = verdict (Holm-corrected except for the primary metric "
+                   f"{results.primary}; 'derived from' for a metric with no test of its own) and the "
+                   "uncorrected paired t-test p-value.")]
 
 
 def params_loss_blocks(runs, variants, seeds, colors, figures_dir: Path) -> list[Block]:

@@ -1,4 +1,11 @@
-"""The report stage's MLflow mirror: one parent run per report, each training run as its child.
+"""The report stage's MLflow mirror: each training run as a top-level run, plus one `report` run.
+
+The training runs are not children of the report run: with its default sort, MLflow's runs table
+(3.x, as 2.x) folds children under their parent, collapsed, so the page showed one `report` row
+and hid every variant x seed. So each training run is a top-level row (run name `<variant>-<seed>`,
+tags `variant` and `seed` for "Group by"), tagged `report_run` with the newest report run that
+showed it; the report run holds the report files as artifacts. The folding is used for history
+instead: an earlier version of a run (or of the report) becomes a child of the current one.
 
 Training runs reach MLflow in one of two ways:
 - after the fact (the default): this stage creates each run from the files the train and evaluate
@@ -21,12 +28,16 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.tracking import flatten, tracking_enabled, tracking_uri
+from pipeline.tracking import (dvc_experiment, experiment_id, flatten, store_lock, tracking_enabled,
+                               tracking_uri)
 
 log = logging.getLogger("pipeline.report")
 DIGEST_TAG = "ablation_lab.digest"
+REPORT_TAG = "report_run"  # on a training run: the newest report run that included it
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI folds a run under this parent
 RUN_FILES = ("config.json", "train_curve.csv", "val_curve.csv", "train.json")
 EVAL_FILES = ("eval.json", "samples.json")
+CURVES = {"train_curve.csv": ("train_loss", "lr", "tokens"), "val_curve.csv": ("val_loss",)}  # logged per step
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,13 @@ class RunFiles:
     def name(self) -> str:
         return f"{self.variant}-{self.seed}"
 
+    def eval_step(self) -> int:
+        """One past the last training step: where the evaluation's value of a curve's metric (val_loss)
+        is logged, so that it is the metric's latest value, the one `mlflow ui`'s column shows (as the
+        report does), and the curve ends with it instead of starting with a point at step 0."""
+        steps = json.loads((self.run_dir / "train.json").read_text()).get("steps")
+        return steps + 1 if isinstance(steps, int) else 0
+
     def digest(self) -> str:
         h = hashlib.sha256()
         for path in [self.run_dir / n for n in RUN_FILES] + [self.eval_dir / n for n in EVAL_FILES]:
@@ -49,29 +67,29 @@ class RunFiles:
 
 
 def mirror_runs(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | None:
-    """A parent run holding `report_dir` as artifacts, each of `runs` mirrored and made its child.
+    """Each of `runs` mirrored (or reused), then a report run holding `report_dir` as artifacts.
 
-    Returns the parent run id, or None when MLflow failed (a warning, never an error).
+    Returns the report run id, or None when MLflow failed (a warning, never an error). Two report
+    stages (queued experiments) take turns, so neither loses its runs to a locked sqlite store.
     """
     if not tracking_enabled():
         return None
+    with store_lock():
+        return _mirror(runs, report_dir, experiment)
+
+
+def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | None:
     try:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=tracking_uri())
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-        # MLflow 3 opens an untagged experiment in its GenAI view; this is model training.
-        client.set_experiment_tag(exp_id, "mlflow.experimentKind", "custom_model_development")
-        mirrored = {r.data.tags[DIGEST_TAG]: r.info.run_id
-                    for r in client.search_runs([exp_id], filter_string="tags.stage = 'train'", max_results=50_000)
-                    if DIGEST_TAG in r.data.tags}
-        parent_id = client.create_run(exp_id, run_name="report", tags={"stage": "report"}).info.run_id
-        client.log_artifacts(parent_id, str(report_dir))
+        exp_id = experiment_id(client, experiment)
+        known = client.search_runs([exp_id], max_results=50_000)  # training runs and earlier reports
+        mirrored = {r.data.tags[DIGEST_TAG]: r.info.run_id for r in known if DIGEST_TAG in r.data.tags}
     except Exception as exc:  # noqa: BLE001 - MLflow only mirrors; the report is already on disk
         log.warning("report: MLflow linking skipped (%s: %s)", type(exc).__name__, str(exc).splitlines()[0][:200])
         return None
-    linked = 0
+    current = {}  # (variant, seed) -> the run this report shows for it
     for run in runs:
         run_id = run.live_run_id
         try:
@@ -79,19 +97,48 @@ def mirror_runs(runs: list[RunFiles], report_dir: Path, experiment: str) -> str 
                 digest = run.digest()
                 run_id = mirrored.get(digest) or create_run(client, exp_id, run, digest)
             elif (run.eval_dir / "eval.json").is_file():
-                log_evaluation(client, run_id, run.eval_dir)
-            client.set_tag(run_id, "mlflow.parentRunId", parent_id)
+                log_evaluation(client, run_id, run.eval_dir, run.eval_step())
             client.set_tag(run_id, "variant", run.variant)
             client.set_tag(run_id, "seed", str(run.seed))
-            linked += 1
+            current[(run.variant, str(run.seed))] = run_id
         except Exception as exc:  # noqa: BLE001 - e.g. a live run deleted or kept in another store
             log.warning("report: cannot link MLflow run %s of %s (%s)", run_id, run.name, type(exc).__name__)
     try:
-        client.set_tag(parent_id, "linked_runs", str(linked))
-        client.set_terminated(parent_id)
+        # Created last, so it is the newest run: the runs table's top row, the runs it reports below.
+        report_id = client.create_run(exp_id, run_name="report", tags={
+            "stage": "report", "linked_runs": str(len(current)), **dvc_experiment()}).info.run_id
+        client.log_artifacts(report_id, str(report_dir))
+        for run_id in current.values():
+            client.set_tag(run_id, REPORT_TAG, report_id)
+        nest_history(client, known, {**current, "report": report_id})
+        client.set_terminated(report_id)
+        log.info("report: MLflow experiment %r: the report run and %d training runs; these alone, for"
+                 " 'Group by': search `tags.mlflow.parentRunId IS NULL`", experiment, len(current))
     except Exception as exc:  # noqa: BLE001
-        log.warning("report: cannot close MLflow run %s (%s)", parent_id, type(exc).__name__)
-    return parent_id
+        log.warning("report: MLflow report run not completed (%s: %s)",
+                    type(exc).__name__, str(exc).splitlines()[0][:200])
+        return None
+    return report_id
+
+
+def nest_history(client, known: list, heads: dict) -> None:
+    """Each earlier version becomes a child of the current one, which is made top level.
+
+    `heads` maps (variant, seed) to the run this report shows, and "report" to its report run. An
+    earlier mirror of a variant x seed (its files changed since) goes under that run, an earlier
+    report under this report's run: `mlflow ui`'s default table, which folds children under their
+    parent, then lists one row per variant x seed and one report, with the history behind each
+    row's expander (grouping ignores the folding: search `tags.mlflow.parentRunId IS NULL` to group
+    the current runs alone). Nothing is deleted.
+    """
+    for r in known:
+        tags = r.data.tags
+        head = heads.get("report" if tags.get("stage") == "report" else (tags.get("variant"), tags.get("seed")))
+        if head == r.info.run_id:
+            if PARENT_TAG in tags:  # e.g. a child of an earlier report, as earlier versions linked runs
+                client.delete_tag(head, PARENT_TAG)
+        elif head is not None and tags.get(PARENT_TAG) != head:
+            client.set_tag(r.info.run_id, PARENT_TAG, head)
 
 
 def create_run(client, exp_id: str, run: RunFiles, digest: str) -> str:
@@ -103,13 +150,13 @@ def create_run(client, exp_id: str, run: RunFiles, digest: str) -> str:
     stamp = int(train_json.stat().st_mtime * 1000)  # the curves carry steps, not times
     run_id = client.create_run(exp_id, run_name=run.name, tags={
         "variant": run.variant, "seed": str(run.seed), "stage": "train", DIGEST_TAG: digest,
-        "mirrored": "from the stage's files, by the report stage"}).info.run_id
+        "mirrored": "from the stage's files, by the report stage", **dvc_experiment()}).info.run_id
     config = json.loads((run.run_dir / "config.json").read_text())
     params = [Param(k, str(v)[:6000]) for k, v in flatten(config).items()]
     for i in range(0, len(params), 100):
         client.log_batch(run_id, params=params[i:i + 100])
     metrics = [Metric(key, float(row[key]), stamp, int(row["step"]))
-               for name, keys in (("train_curve.csv", ("train_loss", "lr", "tokens")), ("val_curve.csv", ("val_loss",)))
+               for name, keys in CURVES.items()
                for row in _rows(run.run_dir / name) for key in keys]
     metrics += [Metric(k, float(train[k]), stamp, int(train.get("steps") or 0))
                 for k in ("tokens_per_s", "mfu", "padding_ratio") if isinstance(train.get(k), (int, float))]
@@ -119,13 +166,16 @@ def create_run(client, exp_id: str, run: RunFiles, digest: str) -> str:
         if (run.run_dir / name).is_file():
             client.log_artifact(run_id, str(run.run_dir / name))
     if (run.eval_dir / "eval.json").is_file():
-        log_evaluation(client, run_id, run.eval_dir)
+        log_evaluation(client, run_id, run.eval_dir, run.eval_step())
     client.set_terminated(run_id, "FINISHED")
     return run_id
 
 
-def log_evaluation(client, run_id: str, eval_dir: Path) -> None:
-    """The evaluate stage's numbers (step 0) and files, added to the training run.
+def log_evaluation(client, run_id: str, eval_dir: Path, step: int) -> None:
+    """The evaluate stage's numbers and files, added to the training run.
+
+    A metric that is also a curve is logged at `step` (RunFiles.eval_step); the others at step 0,
+    which `mlflow ui` draws as bars.
 
     Timestamped with eval.json's modification time, so linking the same evaluation again adds
     nothing (MLflow drops a metric identical in key, value, step and timestamp).
@@ -137,7 +187,9 @@ def log_evaluation(client, run_id: str, eval_dir: Path) -> None:
     stamp = int(path.stat().st_mtime * 1000)
     values = {k: v for k, v in metrics.items() if isinstance(v, float)}
     values |= {f"outputs_{k}": v for k, v in (metrics.get("outputs") or {}).items() if isinstance(v, (int, float))}
-    client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, 0) for k, v in sorted(values.items())])
+    curves = {k for keys in CURVES.values() for k in keys}
+    client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, step if k in curves else 0)
+                                      for k, v in sorted(values.items())])
     client.set_tag(run_id, "evaluated", "true")
     for name in EVAL_FILES:
         if (eval_dir / name).is_file():

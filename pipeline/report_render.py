@@ -76,8 +76,10 @@ th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-al
 th { background: #f2f2f2; }
 tr:nth-child(even) td { background: #fafafa; }
 caption { caption-side: top; font-weight: bold; text-align: left; padding-bottom: 4px; }
+.table-wrap { overflow-x: auto; margin: 0.5em 0 1.2em; }
+.table-wrap table { margin: 0; }
 figure { margin: 1em 0 2em; }
-figure img { max-width: 100%; border: 1px solid #eee; }
+figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-style: italic; color: #555; }
 .note { color: #555; font-size: 0.85em; margin: -0.8em 0 1em; }
 """
@@ -103,14 +105,16 @@ def to_html(title: str, blocks: Sequence[Block], root: Path) -> str:
         elif isinstance(block, Paragraph):
             out.append(f"<p>{e(block.text)}</p>")
         elif isinstance(block, Table):
-            out.append("<table>")
+            # A table wider than the page (many variants, or a long unbroken output in a cell)
+            # scrolls inside its wrapper instead of widening the whole page.
+            out.append('<div class="table-wrap"><table>')
             if block.caption:
                 out.append(f"<caption>{e(block.caption)}</caption>")
             out.append("<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in block.headers) + "</tr></thead>")
             out.append("<tbody>")
             for row in block.rows:
                 out.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>")
-            out.append("</tbody></table>")
+            out.append("</tbody></table></div>")
             out += [f'<p class="note">{e(note)}</p>' for note in block.notes]
         elif isinstance(block, Figure):
             out.append(

@@ -52,7 +52,10 @@ def study_row(folder: Path, root: Path) -> str:
         s = stats.get(main) or {}
         if name == baseline or s.get("delta") is None:
             continue
-        ablations.append(f"{name} {s['delta']:+.3g} (p {fmt_p(s.get('p'))}, {s.get('verdict', '—')})")
+        source = s.get("derived_from")  # a derived metric has no test of its own: show its source's
+        test = (stats.get(source) or {}) if source else s
+        ablations.append(f"{name} {s['delta']:+.3g} ({source + ' ' if source else ''}p {fmt_p(test.get('p'))}, "
+                         f"{test.get('verdict', '—')})")
     run_file = folder / "run.json"
     wall = "—"
     if run_file.exists():

@@ -6,14 +6,17 @@ statistics: it is never replaced by zero.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.report_inputs import Run, number, values_by_seed
 from pipeline.report_render import Block, Heading, Paragraph, Table
-from pipeline.stats import Delta, Summary, higher_is_better, paired_delta, summarize
+from pipeline.stats import (
+    ALPHA, MAX_SEEDS, POWER, Delta, Summary, detectable_effect, higher_is_better, holm, paired_delta, seeds_needed,
+    summarize, verdict_for,
+)
 
 MISSING = "—"
 BASE_METRICS = ("val_loss", "val_ppl", "test_loss", "test_ppl")
@@ -30,6 +33,20 @@ METRIC_NOTES = {
     "rougeLsum": "rougeLsum: summary-level ROUGE-L over newline-separated sentences, the figure "
                  "published CNN/DailyMail results use",
 }
+# Metrics that are a fixed function of another metric in the table: their paired test repeats
+# that metric's test, so a verdict of their own would count one finding twice. ppl = exp(loss);
+# bits_per_token = test_loss / ln 2; bits per character (byte) = the same test nats / ln 2 / the
+# test text's characters (bytes), which within one study (ablations change only model and train,
+# so one tokenizer and one test split) is test_loss times a constant: the same t statistic.
+DERIVED = {"val_ppl": "val_loss", "test_ppl": "test_loss", "bits_per_token": "test_loss",
+           "bits_per_char": "test_loss", "bits_per_byte": "test_loss"}
+# The primary metric unless report.primary_metric names another, for every task: val_loss is in
+# every eval.json (language modelling, summarization, translation), is the objective all variants
+# are trained on, and is measured on the whole validation split, so it is far less noisy than
+# ROUGE/BLEU from a few hundred greedy decodes of a small model. The test split and the task metrics
+# stay in the table as secondary, Holm-corrected tests. One primary per study, chosen before the
+# runs, is what makes its uncorrected 5% test mean what it says.
+DEFAULT_PRIMARY = "val_loss"
 DEGENERATE = "⚠"
 COMPONENT_ORDER = ("embeddings", "attention", "ffn", "norms", "other", "total")
 RUN_FILES = ("train.json", "train_curve.csv", "val_curve.csv", "eval.json", "samples.json", "attention.json")
@@ -47,6 +64,14 @@ def fmt(x: float | None, digits: int = 4) -> str:
 
 def fmt_int(x: float | None) -> str:
     return MISSING if x is None else f"{round(x):,}"
+
+
+def fmt_range(values: Sequence[float]) -> str:
+    """Integer counts over seeds as they are: one value when all agree, else "min–max"."""
+    if not values:
+        return MISSING
+    low, high = fmt_int(min(values)), fmt_int(max(values))
+    return low if low == high else f"{low}–{high}"
 
 
 def fmt_p(p: float | None) -> str:
@@ -76,20 +101,56 @@ def arrow(metric: str) -> str:
     return "↑" if higher_is_better(metric) else "↓"
 
 
+@dataclass(frozen=True)
+class DeltaTest:
+    """How one Δ is tested: its role, Holm-adjusted p, and what its seeds can detect."""
+
+    role: str  # "primary" (uncorrected) | "secondary" (Holm) | "derived" (no test of its own)
+    alpha: float  # level of `detectable` and `seeds`: ALPHA (primary), ALPHA / family size (secondary)
+    p_holm: float | None = None  # secondary metrics with a test only
+    detectable: float | None = None  # |Δ| found with POWER at `alpha` given the sd of Δ and the seeds
+    seeds: int | None = None  # fewest seeds finding the observed Δ with POWER at `alpha`; None: > MAX_SEEDS
+
+
 @dataclass
 class Results:
     metrics: list[str]  # metrics reported, in display order
     main_metric: str | None  # task metric of the delta figure
     summaries: dict[str, dict[str, Summary]]  # variant -> metric -> Summary
-    deltas: dict[str, dict[str, Delta]]  # non-baseline variant -> metric -> Delta
+    deltas: dict[str, dict[str, Delta]]  # non-baseline variant -> metric -> Delta (final verdict)
+    primary: str = DEFAULT_PRIMARY  # the metric tested without multiplicity correction
+    family_size: int = 0  # secondary tests made: the Holm family
+    tests: dict[str, dict[str, DeltaTest]] | None = None  # non-baseline variant -> metric -> Test
+
+
+def _power(d: Delta, alpha: float) -> tuple[float | None, int | None]:
+    """(detectable |Δ|, seeds for the observed Δ) at `alpha`, from the sd of the per-seed differences."""
+    if d.p_value is None or not d.sd:  # no test made (n < 2, zero variance)
+        return None, None
+    effect = detectable_effect(d.n, POWER, alpha)
+    return effect * d.sd, seeds_needed(abs(d.mean) / d.sd, POWER, alpha)
+
+
+def _not_significant(verdict: str, d: Delta, detectable: float | None) -> str:
+    # What "not significant" means with this many seeds: only a difference this large is found
+    # reliably, so a smaller true one may well be there.
+    if detectable is None or not verdict.startswith("no significant"):
+        return verdict
+    return f"{verdict}: with {d.n} seeds only a true |Δ| ≥ {fmt(detectable, 3)} is found with {POWER:.0%} power"
 
 
 def compute_results(
-    runs: Mapping[tuple[str, int], Run], variants: Sequence[str], seeds: Sequence[int], baseline: str
+    runs: Mapping[tuple[str, int], Run], variants: Sequence[str], seeds: Sequence[int], baseline: str,
+    primary_metric: str | None = None,
 ) -> Results:
-    """Summary per variant and metric, and paired delta vs the baseline, from eval.json values."""
+    """Summary per variant and metric, and paired delta vs the baseline, from eval.json values.
+
+    The primary metric's test is uncorrected; every other non-derived metric × variant test with a
+    p-value is one Holm family; derived metrics (DERIVED) get no verdict of their own.
+    """
+    primary = primary_metric or DEFAULT_PRIMARY
     present = {k for run in runs.values() if run.eval for k in run.eval}
-    metrics = [m for m in BASE_METRICS + TASK_METRICS if m in present or m in ALWAYS_SHOWN]
+    metrics = [m for m in BASE_METRICS + TASK_METRICS if m in present or m in ALWAYS_SHOWN or m == primary]
     main = next((m for m in MAIN_METRIC_PRIORITY if m in present), None)
     values = {v: {m: values_by_seed(runs, v, seeds, "eval", m) for m in metrics} for v in variants}
     summaries = {v: {m: summarize(list(values[v][m].values())) for m in metrics} for v in variants}
@@ -98,7 +159,29 @@ def compute_results(
         for v in variants
         if v != baseline
     }
-    return Results(metrics, main, summaries, deltas)
+    family = [(v, m) for v, by_metric in deltas.items() for m, d in by_metric.items()
+              if m != primary and m not in DERIVED and d.p_value is not None]
+    p_holm = dict(zip(family, holm([deltas[v][m].p_value for v, m in family])))
+    # A secondary p-value below ALPHA / m is rejected by Holm whatever the other tests give, so
+    # power at that level is a floor for the corrected test (Holm itself depends on the others).
+    secondary_alpha = ALPHA / max(len(family), 1)
+    tests: dict[str, dict[str, DeltaTest]] = {}
+    for v, by_metric in deltas.items():
+        tests[v] = {}
+        for m, d in by_metric.items():
+            if m in DERIVED and m != primary:
+                tests[v][m] = DeltaTest("derived", ALPHA)
+                by_metric[m] = replace(d, p_value=None, verdict=f"derived from {DERIVED[m]}: no test of its own")
+                continue
+            role, alpha = ("primary", ALPHA) if m == primary else ("secondary", secondary_alpha)
+            detectable, n_seeds = _power(d, alpha)
+            verdict = d.verdict
+            if (v, m) in p_holm:
+                verdict = verdict_for(d.mean, p_holm[(v, m)], higher_is_better(m))
+                verdict = verdict.replace(f"at {ALPHA:.0%}", f"at {ALPHA:.0%} after Holm")
+            tests[v][m] = DeltaTest(role, alpha, p_holm.get((v, m)), detectable, n_seeds)
+            by_metric[m] = replace(d, verdict=_not_significant(verdict, d, detectable))
+    return Results(metrics, main, summaries, deltas, primary, len(family), tests)
 
 
 def _params_total(runs: Mapping[tuple[str, int], Run], variant: str, seeds: Sequence[int]) -> str:
@@ -166,7 +249,10 @@ def results_blocks(results: Results, variants: Sequence[str], baseline: str, run
                  for m in results.metrics]
         rows.append([v + (mark if mark and not output_metrics else "")] + cells)
     notes = [f"↓ lower is better, ↑ higher is better. n = seeds with a value; {MISSING} = no run has the value. "
-             "NaN/inf values count as missing here; the per-run table shows them as written."]
+             "NaN/inf values count as missing here; the per-run table shows them as written.",
+             "val_loss and test_loss are the evaluate stage's loss over the whole validation and test split. "
+             "The validation curve in the figures is the train stage's loss on a fixed subset of the validation "
+             "split (train.eval_examples), so its last point is not this val_loss."]
     notes += [METRIC_NOTES[m] + "." for m in results.metrics if m in METRIC_NOTES]
     for v, by_seed in flagged.items():
         if by_seed:
@@ -181,22 +267,62 @@ def results_blocks(results: Results, variants: Sequence[str], baseline: str, run
     delta_rows = []
     for v, by_metric in results.deltas.items():
         if all(s.n == 0 for s in results.summaries[v].values()):  # one row, not one per metric
-            delta_rows.append([v, "all", MISSING, MISSING, MISSING, "0", "no values for this variant"])
+            delta_rows.append([v, "all"] + [MISSING] * 5 + ["0", MISSING, MISSING, "no values for this variant"])
             continue
         for m, d in by_metric.items():
+            t = results.tests[v][m]
             if d.half_width is None:
                 ci = MISSING if d.mean is None else "n=1: no interval"
             else:
                 ci = f"[{fmt(d.mean - d.half_width, 3)}, {fmt(d.mean + d.half_width, 3)}]"
-            delta_rows.append([v, f"{m} {arrow(m)}", fmt(d.mean, 3), ci, fmt_p(d.p_value), str(d.n), d.verdict])
+            holm_cell = {"primary": "primary: uncorrected", "derived": MISSING}.get(t.role, fmt_p(t.p_holm))
+            if t.detectable is None:
+                seeds_cell = MISSING
+            else:  # a test was made; no count means Δ = 0 or more seeds than the search tries
+                seeds_cell = str(t.seeds) if t.seeds else (MISSING if d.mean == 0 else f"> {MAX_SEEDS:,}")
+            delta_rows.append([v, f"{m} {arrow(m)}", fmt(d.mean, 3), ci, fmt(d.sd, 3), fmt_p(d.p_value), holm_cell,
+                               str(d.n), fmt(t.detectable, 3), seeds_cell, d.verdict])
     blocks: list[Block] = [Heading("Results"), metric_table]
     if delta_rows:
         blocks.append(Table(
-            ["variant", "metric", "Δ mean", "95% CI of Δ", "p (paired t)", "paired seeds", "verdict"],
-            delta_rows, f"Δ vs {baseline} (variant − {baseline}), paired by seed",
-            ["Verdicts use a two-sided paired t-test at 5%; 'better'/'worse' account for the metric's direction."],
+            ["variant", "metric", "Δ mean", "95% CI of Δ", "sd of Δ", "p (paired t)", "p (Holm)", "paired seeds",
+             f"detectable |Δ| ({POWER:.0%} power)", f"seeds for this Δ ({POWER:.0%} power)", "verdict"],
+            delta_rows, f"Δ vs {baseline} (variant − {baseline}), paired by seed", delta_notes(results, variants),
         ))
     return blocks
+
+
+def delta_notes(results: Results, variants: Sequence[str]) -> list[str]:
+    """What the Δ table's tests are: primary, Holm family, derived metrics, power columns."""
+    primary = results.primary
+    secondary = [m for m in results.metrics if m != primary and m not in DERIVED]
+    derived = [m for m in results.metrics if m in DERIVED and m != primary]
+    m = results.family_size
+    notes = [
+        "Two-sided paired t-tests at 5%; 'better'/'worse' account for the metric's direction.",
+        f"Primary metric: {primary} (report.primary_metric; {DEFAULT_PRIMARY} when unset). Its test is not "
+        "corrected for multiplicity: it is the one question the study asks before it is run.",
+        f"Secondary metrics ({', '.join(secondary) or 'none'}): one Holm family of {m} tests, every secondary "
+        f"metric × variant ({', '.join(v for v in variants if v in results.deltas)}) with a p-value; "
+        "p (Holm) is the adjusted p-value the verdict compares with 5%, so the chance of any false "
+        "'better'/'worse' among them is at most 5%.",
+    ]
+    if derived:
+        notes.append("Derived metrics, no test or verdict of their own (their Δ repeats the test of the metric "
+                     "they come from): " + ", ".join(f"{d} from {DERIVED[d]}" for d in derived) + ".")
+    notes += [
+        f"sd of Δ: standard deviation of the per-seed differences. Detectable |Δ|: the true difference the "
+        f"paired t-test finds with {POWER:.0%} power given that sd and the paired seeds (noncentral t), "
+        "at 5% for the primary metric" + (f" and at 5%/{m} = {ALPHA / m:.2g} for secondary ones (Holm rejects "
+                                          "any test whose p-value is below that, whatever the other tests give)"
+                                          if m else "") +
+        f". Seeds for this Δ: the fewest seeds that would find the observed Δ with {POWER:.0%} power at the "
+        "same level.",
+        "Both power columns take the observed sd (and Δ) for the true ones; with a few seeds that sd is "
+        "itself uncertain, so they are planning figures, not results. 'No significant difference' is "
+        "not 'no difference': one smaller than the detectable |Δ| would usually be missed.",
+    ]
+    return notes
 
 
 def reference_blocks(results: Results, baseline: str, reference: Mapping | None) -> list[Block]:
@@ -261,17 +387,21 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
         vals = list(values_by_seed(runs, v, seeds, "train", key).values())
         return float(np.mean(vals)) if vals else None
 
+    def counts(v: str, key: str) -> str:  # a mean of step counts (112 from 111 and 113) is no run's
+        return fmt_range(list(values_by_seed(runs, v, seeds, "train", key).values()))
+
     rows = []
     for v in variants:
         devices = sorted({str(runs[(v, s)].train.get("device")) for s in seeds if runs[(v, s)].train})
         rows.append([
-            v, fmt_int(mean(v, "tokens_trained")), fmt_int(mean(v, "steps")), fmt(mean(v, "wall_time_s")),
+            v, counts(v, "tokens_trained"), counts(v, "steps"), fmt(mean(v, "wall_time_s")),
             fmt_int(mean(v, "tokens_per_s")), fmt(mean(v, "mfu"), 3), fmt(mean(v, "padding_ratio"), 3),
             ", ".join(devices) or MISSING,
         ])
     return [Heading("Training cost"), Table(
         ["variant", "tokens trained", "steps", "wall time (s)", "tokens/s", "MFU", "padding ratio", "device"],
-        rows, "Training cost (train.json), mean over seeds",
+        rows, "Training cost (train.json): tokens and steps as min–max over seeds (one value when all "
+              "seeds agree), the other columns mean over seeds",
     )]
 
 
@@ -376,5 +506,5 @@ def per_run_blocks(runs, variants, seeds, metrics: Sequence[str]) -> list[Block]
                 fmt_raw(run.train, "tokens_trained"), fmt_raw(run.train, "wall_time_s"),
             ] + ([fmt_raw(run.train, "mlflow_run_id")] if live else []))
     headers = ["variant", "seed"] + list(metrics) + ["tokens trained", "wall time (s)"] + (["MLflow run"] if live else [])
-    caption = "One row per variant × seed" + ("" if live else "; in MLflow, the run named <variant>-<seed> under this report's run")
+    caption = "One row per variant × seed" + ("" if live else "; in MLflow, the run named <variant>-<seed>")
     return [Heading("Per-run values"), Table(headers, rows, caption)]

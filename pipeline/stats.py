@@ -8,6 +8,12 @@ Pure functions over plain floats: no files, no formatting. Design decisions:
   seed-to-seed spread they share. Only seeds present in both are paired.
 - With fewer than two values there is no interval and no test; with zero variance the t statistic
   is 0/0 or infinite. Both cases come back as a note instead of NaN, so the report can say so.
+- Power of the paired t-test comes from the noncentral t distribution (`scipy.stats.nct`): with
+  n pairs and a true mean difference of d standard deviations of the differences, the t statistic
+  is noncentral t with n - 1 degrees of freedom and noncentrality d * sqrt(n). From it: the minimum
+  detectable effect (the difference found with 80% power) and the seeds an effect would need.
+- Multiplicity: `holm` gives Holm's step-down adjusted p-values (controls the family-wise error
+  rate under any dependence between the tests, and never rejects less than Bonferroni).
 """
 from __future__ import annotations
 
@@ -17,8 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
+from scipy.optimize import brentq
 
 ALPHA = 0.05  # two-sided test level and 1 - confidence of every interval in the report
+POWER = 0.8  # the conventional target power (Cohen 1988) of the detectable effects in the report
+MAX_SEEDS = 10_000  # seeds_needed() stops searching here: beyond it the answer is "more than this"
 
 # Direction of every metric the report knows; a metric not listed here is not reported.
 LOWER_IS_BETTER = frozenset(
@@ -90,6 +99,7 @@ class Delta:
     half_width: float | None  # t-interval half-width of the mean difference; None if n < 2
     p_value: float | None  # paired t-test; None when no test can be made
     verdict: str  # "better" | "worse" | NOT_SIGNIFICANT | a reason no test was made
+    sd: float | None = None  # standard deviation (ddof=1) of the per-seed differences; None if n < 2
 
 
 def paired_delta(
@@ -116,11 +126,65 @@ def paired_delta(
         else:
             direction = "better" if (summary.mean > 0) == higher_better else "worse"
             verdict = f"{direction} (constant difference in every seed, zero variance: no test)"
-        return Delta(len(seeds), summary.mean, 0.0, None, verdict)
+        return Delta(len(seeds), summary.mean, 0.0, None, verdict, 0.0)
     p = float(sps.ttest_rel(v, b).pvalue)
+    verdict = verdict_for(summary.mean, p, higher_better, alpha)
+    return Delta(len(seeds), summary.mean, summary.half_width, p, verdict, float(d.std(ddof=1)))
+
+
+def verdict_for(mean: float, p: float, higher_better: bool, alpha: float = ALPHA) -> str:
+    """'better' or 'worse' (by the metric's direction) when p < alpha, else not significant."""
     if p >= alpha:
-        verdict = f"no significant difference at {alpha:.0%}"
-    else:
-        improved = (summary.mean > 0) == higher_better
-        verdict = "better" if improved else "worse"
-    return Delta(len(seeds), summary.mean, summary.half_width, p, verdict)
+        return f"no significant difference at {alpha:.0%}"
+    return "better" if (mean > 0) == higher_better else "worse"
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's adjusted p-values, in the input order: reject test i at level a iff adjusted p_i < a.
+
+    Sorted ascending, the j-th smallest (j = 0..m-1) is multiplied by m - j; a running maximum
+    keeps the adjusted values in the same order as the raw ones (step-down), capped at 1.
+    """
+    m = len(p_values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for j, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - j) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def paired_power(effect: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test at level `alpha` with `n` pairs, when the true mean
+    difference is `effect` standard deviations of the differences (Cohen's d_z)."""
+    df, nc = n - 1, abs(effect) * math.sqrt(n)
+    t_crit = float(sps.t.ppf(1 - alpha / 2, df))
+    # Both tails as survival functions: scipy's nct.cdf can return NaN far in the lower tail,
+    # its sf with the noncentrality negated (the mirror image) does not.
+    return float(sps.nct.sf(t_crit, df, nc) + sps.nct.sf(t_crit, df, -nc))
+
+
+def detectable_effect(n: int, power: float = POWER, alpha: float = ALPHA) -> float | None:
+    """The smallest effect (in sd of the differences) the paired t-test detects with `power`;
+    None for n < 2, where there is no test."""
+    if n < 2:
+        return None
+    high = 1.0
+    while paired_power(high, n, alpha) < power:  # power grows with the effect: bracket, then solve
+        high *= 2
+    return float(brentq(lambda e: paired_power(e, n, alpha) - power, 0.0, high, xtol=1e-10))
+
+
+def seeds_needed(effect: float, power: float = POWER, alpha: float = ALPHA) -> int | None:
+    """The fewest pairs (>= 2) with which the paired t-test detects `effect` (in sd of the
+    differences) with `power`; None for a zero effect or one needing more than MAX_SEEDS."""
+    if effect == 0 or paired_power(effect, MAX_SEEDS, alpha) < power:
+        return None
+    low, high = 1, MAX_SEEDS  # power(low) < power <= power(high); power grows with n
+    while high - low > 1:
+        mid = (low + high) // 2
+        if mid >= 2 and paired_power(effect, mid, alpha) >= power:
+            high = mid
+        else:
+            low = mid
+    return high

@@ -7,14 +7,17 @@ Metrics are buffered and sent in batches (`log_batch`), not one request per step
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default store, so a bare `mlflow ui` finds it
+STORE = "mlflow.db"  # MLflow's own default store name, so a bare `mlflow ui` in the repository finds it
 # An unreachable or stalled tracking server must cost seconds, not minutes of retries: at most
 # (retries + 1) x timeout, once per stage, after which tracking is off for the run. (MLflow's
 # defaults are 7 retries with exponential backoff and a 120 s timeout.) A locked sqlite store
@@ -24,8 +27,63 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
 
 
+def tracking_root() -> Path:
+    """The repository that holds mlflow.db and mlruns/. DVC sets DVC_ROOT to it for every stage,
+    also in a queued experiment's temporary workspace (.dvc/tmp/exps/...), which is deleted after
+    the run: a store resolved against the working directory would be deleted with it."""
+    return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
+
+
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{tracking_root() / STORE}"
+
+
+def experiment_id(client, name: str) -> str:
+    """The id of experiment `name`, created if missing (artifacts beside the repository's store)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        exp_id = exp.experiment_id
+    else:
+        # MLflow would put artifacts under the working directory, a queue workspace's temporary one.
+        location = None if os.environ.get("MLFLOW_TRACKING_URI") else (tracking_root() / "mlruns" / name).as_uri()
+        exp_id = client.create_experiment(name, artifact_location=location)
+    # Marks the experiment as model training for MLflow 3 UIs that read this tag (3.17's UI goes by
+    # its sidebar switch instead, "GenAI" until the user picks "Model training").
+    client.set_experiment_tag(exp_id, "mlflow.experimentKind", "custom_model_development")
+    return exp_id
+
+
+def dvc_experiment() -> dict[str, str]:
+    """The tag naming the DVC experiment a run belongs to (`dvc exp run` sets DVC_EXP_NAME)."""
+    name = os.environ.get("DVC_EXP_NAME")
+    return {"dvc.experiment": name} if name else {}
+
+
+@contextlib.contextmanager
+def store_lock(wait_s: float = 300.0) -> Iterator[None]:
+    """Writers to the repository's sqlite store take turns: two queue workers mirroring at once
+    otherwise lose runs to "database is locked". Other stores (a server) need no lock."""
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    path = Path(uri.removeprefix("sqlite:///") + ".lock")
+    try:
+        handle = open(path, "a")  # noqa: SIM115 - held for the whole block
+    except OSError:  # a read-only repository: MLflow itself will say so
+        yield
+        return
+    with handle:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:  # a stuck writer: go on and let MLflow's own wait decide
+                    break
+                time.sleep(0.2)
+        yield
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -82,13 +140,22 @@ class Tracker:
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=tracking_uri())
-            exp = self._client.get_experiment_by_name(experiment)
-            exp_id = exp.experiment_id if exp else self._client.create_experiment(experiment)
+            exp_id = experiment_id(self._client, experiment)
+            self._close_killed(exp_id, run_name)
             self.run_id = self._client.create_run(exp_id, run_name=run_name).info.run_id
-            for key, value in tags.items():
+            for key, value in {**tags, **dvc_experiment()}.items():
                 self._client.set_tag(self.run_id, key, str(value))
         except Exception as exc:  # noqa: BLE001 - any MLflow failure must not stop training
             self._fail("start", exc)
+
+    def _close_killed(self, exp_id: str, run_name: str) -> None:
+        """A run of this name still RUNNING in this workspace (or DVC experiment) belongs to a stage
+        that was killed (one stage per run name at a time): it ends as KILLED, not RUNNING forever."""
+        mine = dvc_experiment().get("dvc.experiment")
+        for run in self._client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_name}' "
+                                            "and attributes.status = 'RUNNING'"):
+            if run.data.tags.get("dvc.experiment") == mine:
+                self._client.set_terminated(run.info.run_id, status="KILLED")
 
     def log_params(self, params: dict[str, Any]) -> None:
         if not self.enabled or self.run_id is None:

@@ -24,7 +24,7 @@ from pipeline.atomic import atomic_path
 from pipeline.batching import lm_token_file, load_split, read_manifest
 from pipeline.checkpoint import config_hash, source_hash
 from pipeline.device import choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device
-from pipeline.params import ParamsError, load_params, resolve_variant, stage_error
+from pipeline.params import ParamsError, load_params, model_config, resolve_variant, stage_error
 from pipeline.tracking import Tracker, git_revision, live_tracking
 
 
@@ -36,13 +36,9 @@ TRAINING_CODE = sorted((_HERE.parent / "model").glob("*.py")) + [
 
 def build(model_section: dict, manifest: dict, where: str = "model"):
     """The model of one variant; `where` names its params in an error (ablations.<variant>)."""
-    from model import ModelConfig, build_model
+    from model import build_model
 
-    try:
-        cfg = ModelConfig(**model_section, vocab_size=manifest["vocab_size"], pad_id=manifest["pad_id"],
-                          bos_id=manifest["bos_id"], eos_id=manifest["eos_id"])
-    except (TypeError, ValueError) as exc:
-        raise ParamsError(f"{where}: {exc}") from exc
+    cfg = model_config(model_section, manifest, where)
     return cfg, build_model(cfg)
 
 
@@ -92,7 +88,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
          track: bool, cluster) -> dict:
     manifest = read_manifest(shards)
     torch.manual_seed(seed)  # the initial weights are part of what the seed decides
-    cfg, model = build(resolved["model"], manifest, f"ablations.{variant} (model)")
+    cfg, model = build(resolved["model"], manifest, f"ablations.{variant}")
     tcfg = resolved["train"]
     threads, why = choose_threads(tcfg["threads"])
     torch.set_num_threads(threads)

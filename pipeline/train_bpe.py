@@ -19,6 +19,7 @@ import hashlib
 import io
 import itertools
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,8 +59,33 @@ def train_tokenizer(train_parquet: Path, out_dir: Path, cfg: TrainBpeParams) -> 
     if first is None:
         raise ValueError(f"{train_parquet}: no text to train the tokenizer on")
     model = io.BytesIO()
+    try:
+        _train(itertools.chain([first], lines), model, cfg)
+    except RuntimeError as exc:
+        raise vocab_error(exc, cfg) from exc
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / "spm.model").write_bytes(model.getvalue())
+        (tmp / "tokenizer.json").write_text(json.dumps(
+            {"model_type": cfg.model_type, "normalization": NORMALIZATION}, indent=2) + "\n")
+
+
+def vocab_error(exc: RuntimeError, cfg: TrainBpeParams) -> Exception:
+    """SentencePiece's vocabulary-size errors, said in params.yaml's terms (others unchanged)."""
+    text = str(exc)
+    if low := re.search(r"smaller than required_chars\. \d+ vs (\d+)", text):
+        return ParamsError(f"train_bpe.vocab_size: {cfg.vocab_size} is below the {low[1]} pieces this corpus "
+                           "needs (its characters and the special tokens); raise it, or lower "
+                           "train_bpe.character_coverage")
+    if high := re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", text):
+        return ParamsError(f"train_bpe.vocab_size: {cfg.vocab_size} is above the {high[1]} pieces "
+                           f"{cfg.model_type} can find in this corpus; lower it")
+    return exc
+
+
+def _train(sentences: Iterator[str], model: io.BytesIO, cfg: TrainBpeParams) -> None:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=itertools.chain([first], lines), model_writer=model, model_type=cfg.model_type,
+        sentence_iterator=sentences, model_writer=model, model_type=cfg.model_type,
         vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
         input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
         pad_id=cfg.pad_id, unk_id=cfg.unk_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
@@ -72,11 +98,6 @@ def train_tokenizer(train_parquet: Path, out_dir: Path, cfg: TrainBpeParams) -> 
         hard_vocab_limit=cfg.model_type != "char", max_sentence_length=1 << 16,
         num_threads=2, minloglevel=2,
     )
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir(parents=True)
-        (tmp / "spm.model").write_bytes(model.getvalue())
-        (tmp / "tokenizer.json").write_text(json.dumps(
-            {"model_type": cfg.model_type, "normalization": NORMALIZATION}, indent=2) + "\n")
 
 
 def describe_normalization(directory: Path) -> str:

@@ -88,8 +88,20 @@ class Data:
         return seq2seq_batches(subset, self.batch_tokens, 0, 0, shuffle=False)
 
 
+# Planning walks the batches of every epoch the budget needs, a few ms each: past this many
+# passes over the data it would take minutes before the first step, for a budget no study means.
+MAX_EPOCHS = 10_000
+
+
 def plan_steps(data: Data, budget_tokens: int, budget_steps: int | None, per_step: int) -> tuple[int, int]:
     """(optimizer steps, target tokens they consume) for the budget; `per_step` batches per step."""
+    first = data.epoch(0)
+    epoch_tokens = sum(data.target_tokens(idx) for idx in first)
+    passes = budget_steps * per_step / max(len(first), 1) if budget_steps else budget_tokens / max(epoch_tokens, 1)
+    if passes > MAX_EPOCHS:
+        key = "train.budget_steps" if budget_steps else "train.budget_tokens"
+        raise ValueError(f"{key}: {budget_steps or budget_tokens} is {passes:,.0f} passes over the training "
+                         f"data ({epoch_tokens:,} target tokens per pass; at most {MAX_EPOCHS:,}); lower it")
     batches = tokens = epoch = 0
     while True:
         for idx in data.epoch(epoch):
@@ -150,6 +162,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         checkpoint.set_rng_state(mine["rng"])
         s = resumed["loop"]
         log(f"resumed from step {s['step']} ({ckpt_dir})")
+    saved = s["step"] if resumed is not None else None  # the step of the last good checkpoint
     ddp = step_model = model
     if cluster.world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -207,7 +220,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         s["tokens"] += group_tokens
         last = s["step"] == total_steps
         if s["step"] % cfg["log_every"] == 0 or last:
-            _check_finite(bad_step, device)
+            _check_finite(bad_step, device, saved, ckpt_dir)
             loss_total, tokens_total = all_reduce([float(loss_sum), loss_tokens], device)
             train_loss = loss_total / max(tokens_total, 1)
             lr = scheduler.get_last_lr()[0]
@@ -228,7 +241,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
             if tracker:
                 tracker.log_metrics({"val_loss": val_loss}, s["step"])
         if s["step"] % cfg["checkpoint_every"] == 0 and not last:
-            _check_finite(bad_step, device)
+            _check_finite(bad_step, device, saved, ckpt_dir)
             s["elapsed"] = time.perf_counter() - started
             # Each rank's RNG, unlogged loss and padding counts, so a resumed run continues exactly.
             ranks = all_gather({"rng": checkpoint.rng_state(), "loss_acc": [float(loss_sum), loss_tokens],
@@ -238,6 +251,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
                     "config_hash": run_hash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "rng": ranks[0]["rng"], "ranks": ranks, "loop": s,
                 }, cfg["keep_checkpoints"])
+            saved = s["step"]
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - started
@@ -264,12 +278,16 @@ def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | N
     return t
 
 
-def _check_finite(bad_step: torch.Tensor, device) -> None:
-    """Raise on every rank if any rank saw a non-finite loss (the earliest step is named)."""
+def _check_finite(bad_step: torch.Tensor, device, saved: int | None, ckpt_dir: Path) -> None:
+    """Raise on every rank if any rank saw a non-finite loss (the earliest step is named), saying
+    which checkpoint, if any, holds the last good state."""
     step = int(bad_step)
     step = all_reduce([step if step >= 0 else math.inf], device, "min")[0]
     if step < math.inf:
-        raise NonFiniteLoss(f"non-finite loss at step {int(step)}; the last good checkpoint is kept")
+        kept = (f"the checkpoint of step {saved} in {ckpt_dir} is the last good state" if saved is not None
+                else "no checkpoint was written before it")
+        raise NonFiniteLoss(f"non-finite loss at step {int(step)}; {kept} (lower train.lr or raise "
+                            "train.warmup_steps)")
 
 
 def _silent(*_args, **_kwargs) -> None:

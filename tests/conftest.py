@@ -61,3 +61,18 @@ def tiny_shards(tmp_path_factory) -> Path:
     train_tokenizer(base / "filtered" / "train.parquet", base / "tokenizer", TrainBpeParams(vocab_size=150))
     encode(base / "filtered", base / "tokenizer", base / "shards", shard_examples=100)
     return base
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory) -> Path:
+    """A tiny project after `dvc repro` (one seed, two variants), committed to git, MLflow off.
+    Tests that edit it take a copy (tests.tiny_project.copy_project)."""
+    from tests.tiny_project import make_project, sh, tiny_params
+
+    project = tmp_path_factory.mktemp("tiny_repo") / "project"
+    env = {**make_project(project, tiny_params(seeds=[0])), "ABLATION_LAB_TRACKING": "0"}
+    (project / ".gitignore").write_text("mlflow.db\nmlflow.db.lock\nmlruns/\ndata/checkpoints/\n")
+    sh(["dvc", "repro"], project, env)
+    sh(["git", "add", "-A"], project, env)
+    sh(["git", "commit", "-qm", "tiny study"], project, env)
+    return project

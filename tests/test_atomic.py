@@ -28,3 +28,14 @@ def test_failed_file_write_leaves_nothing(tmp_path):
     with pytest.raises(TypeError):
         atomic_write_json(tmp_path / "m.json", {"x": object()})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_temporaries_left_by_a_killed_write_are_removed_by_the_next_write(tmp_path):
+    out = tmp_path / "figures"
+    (tmp_path / ".figures.abc123.tmp").mkdir()  # SIGKILL during a directory write
+    (tmp_path / ".figures.def456.tmp.old").mkdir()  # ... or during the swap
+    (tmp_path / ".figures-other.x.tmp").write_text("not ours")
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        (tmp / "a.png").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".figures-other.x.tmp", "figures"]

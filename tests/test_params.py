@@ -18,7 +18,7 @@ def test_merge_overrides_is_recursive_and_leaves_base_untouched():
 
 
 def test_merge_overrides_rejects_unknown_key_with_its_path():
-    with pytest.raises(ParamsError, match=r"'ablations.x.model.n_head'"):
+    with pytest.raises(ParamsError, match=r"ablations\.x\.model\.n_head: unknown key \(did you mean 'n_heads'\?\)"):
         merge_overrides({"model": {"n_heads": 4}}, {"model": {"n_head": 1}}, where="ablations.x")
 
 

@@ -5,53 +5,20 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = {
-    "data": {"source": "synthetic", "synthetic": {"n_examples": 240, "seed": 1}},
-    "filter": {"max_source_tokens": 100, "max_target_tokens": 40, "val_fraction": 0.1, "test_fraction": 0.1},
-    "train_bpe": {"vocab_size": 120},
-    "encode": {"shard_examples": 100},
-    "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
-    "train": {"budget_tokens": 1500, "batch_tokens": 800, "eval_every": 5, "eval_examples": 16,
-              "log_every": 2, "checkpoint_every": 5, "warmup_steps": 2, "device": "cpu", "threads": 1},
-    "evaluate": {"max_examples": 8, "max_new_tokens": 20, "n_samples": 2},
-    "report": {"baseline": "baseline"},
-    "seeds": [0, 1],
-    "ablations": {"baseline": {}, "no_positional": {"model": {"positional": "none"}}},
-}
-
-
-def sh(args, cwd, env):
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, f"{args}: {result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result.stdout
+from tests.tiny_project import ROOT, TINY, make_project, ran_stages, sh
 
 
 @pytest.mark.slow
 def test_dvc_repro_end_to_end_and_rerun_rules(tmp_path):
     tiny = copy.deepcopy(TINY)  # edited below
     project = tmp_path / "project"
-    project.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("model", "pipeline"):
-        shutil.copytree(ROOT / name, project / name, ignore=ignore)
-    shutil.copy(ROOT / "dvc.yaml", project)
-    shutil.copytree(ROOT / "data" / "local", project / "data" / "local")  # the download stage's dep
-    (project / "params.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "ABLATION_LAB_TRACKING": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    sh(["git", "init", "-q"], project, env)
-    sh(["dvc", "init", "-q"], project, env)
-    sh(["dvc", "config", "core.analytics", "false"], project, env)
+    env = make_project(project, tiny)
     sh(["dvc", "repro"], project, env)
 
     report = (project / "reports" / "report.md").read_text()
@@ -77,24 +44,23 @@ def test_dvc_repro_end_to_end_and_rerun_rules(tmp_path):
     assert names == sorted(f"{v}-{s}" for v in tiny["ablations"] for s in tiny["seeds"])
     assert all("val_loss" in r.data.metrics and "rouge1" in r.data.metrics for r in runs)
 
-    assert "up to date" in sh(["dvc", "status"], project, env)
+    assert "up to date" in sh(["dvc", "status"], project, env).stdout
 
     tiny["ablations"]["no_positional"]["model"]["n_heads"] = 1
     (project / "params.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
-    stale = json.loads(sh(["dvc", "status", "--json"], project, env))
+    stale = json.loads(sh(["dvc", "status", "--json"], project, env).stdout)
     # `dvc status` lists the stages whose own deps changed; evaluate follows once train reruns.
-    assert set(stale) == {f"train@no_positional-{s}" for s in tiny["seeds"]} | {"report"}
-    log = sh(["dvc", "repro"], project, env)
-    ran = {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage")}
+    assert set(stale) == {f"train@no_positional-{s}" for s in tiny["seeds"]} | {"check_params", "report"}
+    ran = ran_stages(sh(["dvc", "repro"], project, env).stdout)
     expected = {f"{stage}@no_positional-{s}" for stage in ("train", "evaluate") for s in tiny["seeds"]}
-    assert ran == expected | {"report"}
+    assert ran == expected | {"check_params", "report"}
 
     # A third seed trains and evaluates only the new runs; the report takes them in.
     tiny["seeds"].append(2)
     (project / "params.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
-    log = sh(["dvc", "repro"], project, env)
-    ran = {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage")}
-    assert ran == {f"{stage}@{v}-2" for stage in ("train", "evaluate") for v in tiny["ablations"]} | {"report"}
+    ran = ran_stages(sh(["dvc", "repro"], project, env).stdout)
+    assert ran == {f"{stage}@{v}-2" for stage in ("train", "evaluate") for v in tiny["ablations"]} | {
+        "check_params", "report"}
     assert "(n=3" in (project / "reports" / "report.md").read_text()
 
 
@@ -120,7 +86,7 @@ def test_run_sh_study_reruns_a_preset_in_scratch_and_commits_its_report(tmp_path
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "ABLATION_LAB_TRACKING": "0", "TMPDIR": str(tmp_path)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    out = sh(["bash", "scripts/study.sh", "tiny"], project, env)
+    out = sh(["bash", "scripts/study.sh", "tiny"], project, env).stdout
 
     folder = project / "reports" / "studies" / "tiny"
     assert {"report.md", "report.html", "metrics.json", "params.yaml", "run.json", "figures"} <= {
@@ -128,7 +94,7 @@ def test_run_sh_study_reruns_a_preset_in_scratch_and_commits_its_report(tmp_path
     assert yaml.safe_load((folder / "params.yaml").read_text())["seeds"] == [0]
     run = json.loads((folder / "run.json").read_text())
     assert isinstance(run["wall_s"], int) and run["wall_s"] >= 0 and f"took {run['wall_s']} s" in out
-    assert set(run["stage_s"]) == {"download", "filter", "train_bpe", "encode", "train", "evaluate", "report"}
+    assert set(run["stage_s"]) == {"check_params", "download", "filter", "train_bpe", "encode", "train", "evaluate", "report"}
     assert "| [tiny](reports/studies/tiny/report.md) | 1 × 1 |" in (project / "README.md").read_text()
     assert (project / "params.yaml").read_text() == "untouched\n" and not (project / "data" / "raw").exists()
 

@@ -267,7 +267,7 @@ def test_apply_writes_params_and_reports_changed_sections(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     ({"model": {"n_heads": 3}}, r"ablations\.baseline: ModelConfig\.d_model \(64\) must be divisible"),
-    ({"ablations": {"bad": {"model": {"n_head": 1}}}}, r"unknown key 'ablations\.bad\.model\.n_head'"),
+    ({"ablations": {"bad": {"model": {"n_head": 1}}}}, r"ablations\.bad\.model\.n_head: unknown key"),
     ({"model": {"arch": "encoder_decoder"}}, r"encoder_decoder needs a source text"),
     ({"train": {"context": 4096}}, r"train\.context 4096 exceeds model\.max_len"),
     ({"evaluate": {"decode": "beam"}}, r"evaluate\.decode: beam is not supported"),

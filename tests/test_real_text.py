@@ -168,7 +168,8 @@ def test_editing_a_local_file_makes_dvc_rerun_download(tmp_path):
     project = tmp_path / "p"
     (project / "data" / "local").mkdir(parents=True)
     (project / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
-    os.symlink(ROOT / "pipeline", project / "pipeline")
+    for code in ("pipeline", "model"):  # model/: check_params validates the model settings
+        os.symlink(ROOT / code, project / code)
     corpus = project / "data" / "local" / "stories.txt"
     corpus.write_text("One story.\n\nAnother story.\n\nA third.\n")
     (project / "params.yaml").write_text(json.dumps({

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pipeline.report import main, render_report
+from pipeline.report import _read_params, main, render_report
 from pipeline.report_figures import _attention_panel
 from pipeline.report_inputs import ReportInputError, load_run
+from pipeline.stats import detectable_effect, seeds_needed
 from tests.fixtures.report.fake_runs import make_project
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,8 +94,8 @@ def test_report_states_budget_parameters_cost_and_data(rendered):
     comps = {r["variant"]: r for r in md_table(md, "variant", "embeddings")}
     assert comps["no_ffn"]["ffn"] == f"{p.train_values[('no_ffn', 0)]['params_by_component']['ffn']:,}"
     cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
-    tokens = np.mean([p.train_values[("baseline", s)]["tokens_trained"] for s in p.seeds])
-    assert cost["baseline"]["tokens trained"] == f"{round(tokens):,}"
+    tokens = [p.train_values[("baseline", s)]["tokens_trained"] for s in p.seeds]
+    assert cost["baseline"]["tokens trained"] == f"{min(tokens):,}–{max(tokens):,}"  # counts: range, not mean
     filt = json.loads(p.filter_metrics.read_text())
     splits = {r["split"]: r for r in md_table(md, "split", "raw")}
     assert splits["train"]["kept"] == f"{filt['splits']['train']['kept']:,}"
@@ -140,7 +141,9 @@ def test_one_seed_report_gives_no_interval_and_no_test(tmp_path):
     assert all(r["val_loss ↓"].endswith("(n=1: no interval)") for r in metrics)
     assert not any("±" in cell for r in metrics for cell in r.values())
     deltas = md_table(md, "variant", "metric")
-    assert {r["verdict"] for r in deltas} == {"n=1: no test", "no paired seeds"}
+    tested = [r for r in deltas if not r["verdict"].startswith("derived from")]
+    assert {r["verdict"] for r in tested} == {"n=1: no test", "no paired seeds"}
+    assert {r["detectable \\|Δ\\| (80% power)"] for r in deltas} == {"—"}
     assert {r["p (paired t)"] for r in deltas} == {"—"}
     assert len(list((tmp_path / "reports/figures").glob("*.png"))) == 4
 
@@ -208,3 +211,127 @@ def test_unigram_plateau_table_reads_the_plateau_from_eval_json(tmp_path):
 def test_no_plateau_section_without_the_plateau(rendered):
     _, out, md = rendered
     assert "Unigram plateau" not in md and "unigram_val_loss" not in json.loads((out / "metrics.json").read_text())
+
+
+def delta_rows(md: str) -> dict[tuple[str, str], dict[str, str]]:
+    """(variant, metric) -> row of the Δ table, with Markdown's escaped pipes (|Δ|) read back."""
+    def plain(text: str) -> str:
+        return text.replace("\\|", "|")
+    return {(r["variant"], r["metric"].split()[0]): {plain(k): plain(c) for k, c in r.items()}
+            for r in md_table(md, "variant", "metric")}
+
+
+def paired(p, variant: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(variant, baseline) values of `metric` on the seeds both have, from the fake files."""
+    seeds = [s for s in p.seeds if metric in p.eval_values.get((variant, s), {})
+             and metric in p.eval_values.get(("baseline", s), {})]
+    return (np.array([p.eval_values[(variant, s)][metric] for s in seeds]),
+            np.array([p.eval_values[("baseline", s)][metric] for s in seeds]))
+
+
+def test_derived_metrics_are_shown_without_a_verdict_of_their_own(rendered):
+    p, out, md = rendered
+    rows = delta_rows(md)
+    for metric, source in (("val_ppl", "val_loss"), ("test_ppl", "test_loss")):
+        row = rows[("no_ffn", metric)]
+        assert row["verdict"] == f"derived from {source}: no test of its own"
+        assert row["p (paired t)"] == row["p (Holm)"] == row["detectable |Δ| (80% power)"] == "—"
+        v, b = paired(p, "no_ffn", metric)
+        assert row["Δ mean"] == f"{np.mean(v - b):.3g}"  # its Δ is still shown
+    summary = json.loads((out / "metrics.json").read_text())
+    entry = summary["variants"]["no_ffn"]["val_ppl"]
+    assert (entry["role"], entry["derived_from"], entry["p"]) == ("derived", "val_loss", None)
+    assert "val_ppl from val_loss, test_ppl from test_loss" in md
+
+
+def holm_by_hand(pvals: list[float]) -> list[float]:
+    """Holm step-down written out directly: adjusted p_(i) = max over j <= i of (m - j) p_(j)."""
+    order = np.argsort(pvals)
+    m = len(pvals)
+    adjusted = np.empty(m)
+    for rank, i in enumerate(order):
+        adjusted[i] = min(1.0, max((m - j) * pvals[order[j]] for j in range(rank + 1)))
+    return list(adjusted)
+
+
+def test_primary_metric_is_uncorrected_and_the_rest_are_holm_corrected_together(rendered):
+    p, out, md = rendered
+    rows = delta_rows(md)
+    family = [(v, m) for v in ("no_ffn", "single_head", "no_rouge") for m in ("test_loss", "rouge1", "rouge2", "rougeL")
+              if len(paired(p, v, m)[0]) >= 2]
+    raw = [sps.ttest_rel(*paired(p, v, m)).pvalue for v, m in family]
+    for (v, m), adj in zip(family, holm_by_hand(raw)):
+        row = rows[(v, m)]
+        assert row["p (Holm)"] == ("<0.001" if adj < 0.001 else f"{adj:.3f}")
+        assert row["verdict"] in ("better", "worse") if adj < 0.05 else row["verdict"].startswith(
+            "no significant difference at 5% after Holm")
+    assert f"one Holm family of {len(family)} tests" in md
+    primary = rows[("no_rouge", "val_loss")]
+    pval = sps.ttest_rel(*paired(p, "no_rouge", "val_loss")).pvalue
+    assert primary["p (Holm)"] == "primary: uncorrected" and primary["p (paired t)"] == f"{pval:.3f}"
+    assert primary["verdict"].startswith("no significant difference at 5%:") and pval >= 0.05
+    summary = json.loads((out / "metrics.json").read_text())
+    assert (summary["primary_metric"], summary["holm_family_size"]) == ("val_loss", len(family))
+    assert summary["variants"]["no_ffn"]["rouge1"]["role"] == "secondary"
+
+
+def test_report_primary_metric_moves_the_uncorrected_test(tmp_path):
+    p = make_project(tmp_path)
+    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "reports",
+                  primary_metric="rouge1")
+    rows = delta_rows((tmp_path / "reports" / "report.md").read_text(encoding="utf-8"))
+    assert rows[("no_ffn", "rouge1")]["p (Holm)"] == "primary: uncorrected"
+    assert rows[("no_ffn", "val_loss")]["p (Holm)"] not in ("primary: uncorrected", "—")
+
+
+def test_primary_metric_must_be_a_reported_metric_with_its_own_test(tmp_path):
+    params = tmp_path / "params.yaml"
+    for name, message in (("val_ppl", "derived from 'val_loss'"), ("accuracy", "not a reported metric")):
+        params.write_text(f"seeds: [0]\nablations: {{baseline: {{}}}}\nreport: {{primary_metric: {name}}}\n")
+        with pytest.raises(ReportInputError, match=message):
+            _read_params(params)
+
+
+def test_power_columns_follow_from_the_sd_of_the_paired_differences(rendered):
+    p, _, md = rendered
+    rows = delta_rows(md)
+    v, b = paired(p, "no_rouge", "val_loss")
+    sd = np.std(v - b, ddof=1)
+    row = rows[("no_rouge", "val_loss")]
+    assert row["sd of Δ"] == f"{sd:.3g}"
+    assert row["detectable |Δ| (80% power)"] == f"{detectable_effect(len(v)) * sd:.3g}"  # primary: at 5%
+    assert row["seeds for this Δ (80% power)"] == str(seeds_needed(abs(np.mean(v - b)) / sd))
+    assert f"with {len(v)} seeds only a true |Δ| ≥ {detectable_effect(len(v)) * sd:.3g}" in row["verdict"]
+    m = int(json.loads((p.root / "reports" / "metrics.json").read_text())["holm_family_size"])
+    v, b = paired(p, "no_rouge", "rouge1")
+    sd = np.std(v - b, ddof=1)  # secondary: at 5% / m, where Holm surely rejects
+    detectable = detectable_effect(len(v), alpha=0.05 / m) * sd
+    assert rows[("no_rouge", "rouge1")]["detectable |Δ| (80% power)"] == f"{detectable:.3g}"
+
+
+def test_steps_column_shows_the_range_over_seeds_not_a_mean(tmp_path):
+    p = make_project(tmp_path)
+    for seed, steps in zip(p.seeds, (111, 113, 113)):
+        path = p.runs / f"baseline-{seed}" / "train.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "steps": steps}))
+    md = (render(p) / "report.md").read_text(encoding="utf-8")
+    cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
+    assert cost["baseline"]["steps"] == "111–113"
+    assert cost["no_ffn"]["steps"] == f"{p.train_values[('no_ffn', 0)]['steps']:,}"  # all seeds agree
+
+
+def test_validation_curve_and_table_val_loss_say_what_they_measure(rendered):
+    _, _, md = rendered
+    assert "whole validation and test split" in md  # the tables' val_loss (eval.json)
+    assert "fixed subset of the validation split (its first train.eval_examples examples" in md  # the curve
+
+
+def test_a_build_folder_left_by_a_killed_report_is_removed_by_the_next(tmp_path):
+    p = make_project(tmp_path)
+    out = tmp_path / "reports"
+    (out / ".report-build.x1y2").mkdir(parents=True)  # SIGKILL while the report was being built
+    (out / ".report.md.abc.tmp").write_text("half")  # ... or while it was swapped in
+    (out / "studies").mkdir()  # not the stage's: kept
+    render(p, out)
+    assert sorted(q.name for q in out.iterdir()) == ["curves", "figures", "metrics.json", "report.html",
+                                                    "report.md", "studies"]

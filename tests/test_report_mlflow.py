@@ -1,4 +1,4 @@
-"""The report stage mirrors the training runs into MLflow as children of one parent run."""
+"""The report stage mirrors each training run into MLflow as a top-level run, plus one `report` run."""
 import json
 import logging
 import os
@@ -12,7 +12,7 @@ from tests.fixtures.report.fake_runs import VARIANTS, make_project
 mlflow_tracking = pytest.importorskip("mlflow.tracking")
 
 
-def test_report_links_training_runs_as_children_of_a_parent_run(tmp_path, monkeypatch, caplog):
+def test_report_tags_training_runs_with_its_report_run(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)  # default artifact root ./mlruns lands in tmp_path
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     client = mlflow_tracking.MlflowClient()
@@ -32,21 +32,22 @@ def test_report_links_training_runs_as_children_of_a_parent_run(tmp_path, monkey
         main(["--runs", str(p.runs), "--evals", str(p.evals), "--filter-metrics", str(p.filter_metrics),
               "--params", str(params), "--out-dir", str(tmp_path / "reports")])
 
-    parents = client.search_runs([exp_id], filter_string="tags.stage = 'report'")
-    assert len(parents) == 1
-    parent_id = parents[0].info.run_id
+    reports = client.search_runs([exp_id], filter_string="tags.stage = 'report'")
+    assert len(reports) == 1
+    report_id = reports[0].info.run_id
     for (variant, seed), run_id in run_ids.items():
         if run_id == "f" * 32:
             continue
         tags = client.get_run(run_id).data.tags
-        assert tags["mlflow.parentRunId"] == parent_id
+        assert tags["report_run"] == report_id
+        assert "mlflow.parentRunId" not in tags  # a child would be hidden under the report row in `mlflow ui`
         assert (tags["variant"], tags["seed"]) == (variant, str(seed))
     assert any("f" * 32 in r.getMessage() for r in caplog.records)
-    top = {a.path for a in client.list_artifacts(parent_id)}
+    top = {a.path for a in client.list_artifacts(report_id)}
     assert {"report.md", "report.html", "figures"} <= top
-    figs = {a.path for a in client.list_artifacts(parent_id, "figures")}
+    figs = {a.path for a in client.list_artifacts(report_id, "figures")}
     assert "figures/curves.png" in figs
-    assert parents[0].data.tags["linked_runs"] == str(len(run_ids) - 1)
+    assert reports[0].data.tags["linked_runs"] == str(len(run_ids) - 1)
 
 
 def test_mlflow_failure_is_a_warning_not_an_error(tmp_path, monkeypatch, caplog):
@@ -81,27 +82,38 @@ def test_runs_trained_without_live_tracking_are_mirrored_from_their_files_once(t
     exp = client.get_experiment_by_name("abl-test")
     exp_id = exp.experiment_id
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the "Model training" view
-    children = client.search_runs([exp_id], filter_string="tags.stage = 'train'")
-    assert sorted(r.info.run_name for r in children) == sorted(f"{v}-{s}" for v in VARIANTS for s in (0, 1))
-    parent = client.search_runs([exp_id], filter_string="tags.stage = 'report'")[0]
-    run = next(r for r in children if r.info.run_name == "baseline-1")
-    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    first = client.search_runs([exp_id], filter_string="tags.stage = 'train'")
+    assert sorted(r.info.run_name for r in first) == sorted(f"{v}-{s}" for v in VARIANTS for s in (0, 1))
+    report = client.search_runs([exp_id], filter_string="tags.stage = 'report'")[0]
+    run = next(r for r in first if r.info.run_name == "baseline-1")
+    assert run.info.status == "FINISHED" and run.data.tags["report_run"] == report.info.run_id
     assert run.data.params["model.d_model"] == "32" and run.data.tags["seed"] == "1"
     curve = (p.runs / "baseline-1" / "train_curve.csv").read_text().splitlines()[1:]
     history = client.get_metric_history(run.info.run_id, "train_loss")
     assert [(m.step, m.value) for m in history] == [(int(r.split(",")[0]), float(r.split(",")[2])) for r in curve]
     assert run.data.metrics["rougeL"] == pytest.approx(p.eval_values[("baseline", 1)]["rougeL"])
+    # val_loss is also a curve: the latest value (`mlflow ui`'s column) is the evaluation's, as in the report
+    assert run.data.metrics["val_loss"] == pytest.approx(p.eval_values[("baseline", 1)]["val_loss"])
+    assert max(m.step for m in client.get_metric_history(run.info.run_id, "val_loss")) == 201  # last step: 200
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "rougeL")] == [0]  # not a curve: a bar
     files = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.json", "train_curve.csv", "train.json", "eval.json", "samples.json"} <= files
 
-    _report(tmp_path, p)  # unchanged files: the same runs, adopted by the new parent
+    client.set_tag(run.info.run_id, "mlflow.parentRunId", report.info.run_id)  # as earlier versions linked it
+    _report(tmp_path, p)  # unchanged files: the same runs, tagged with the new report run
     again = client.search_runs([exp_id], filter_string="tags.stage = 'train'")
-    assert sorted(r.info.run_id for r in again) == sorted(r.info.run_id for r in children)
+    assert sorted(r.info.run_id for r in again) == sorted(r.info.run_id for r in first)
     newest = client.search_runs([exp_id], filter_string="tags.stage = 'report'", order_by=["start_time DESC"])[0]
-    assert {r.data.tags["mlflow.parentRunId"] for r in again} == {newest.info.run_id}
+    assert {r.data.tags["report_run"] for r in again} == {newest.info.run_id}
+    assert not any("mlflow.parentRunId" in r.data.tags for r in again)  # no longer hidden under a report row
+    assert client.get_run(report.info.run_id).data.tags["mlflow.parentRunId"] == newest.info.run_id  # history
 
     eval_json = p.evals / "baseline-1" / "eval.json"  # a re-evaluation: that run alone is mirrored anew
     eval_json.write_text(eval_json.read_text().replace("summarization", "summarization "))
     os.utime(eval_json, (1, 1))
     _report(tmp_path, p)
-    assert len(client.search_runs([exp_id], filter_string="tags.stage = 'train'")) == len(children) + 1
+    trained = client.search_runs([exp_id], filter_string="tags.stage = 'train'")
+    assert len(trained) == len(first) + 1
+    new = next(r for r in trained if r.info.run_name == "baseline-1" and r.info.run_id != run.info.run_id)
+    assert "mlflow.parentRunId" not in new.data.tags  # the current version: a row of its own
+    assert client.get_run(run.info.run_id).data.tags["mlflow.parentRunId"] == new.info.run_id  # folded under it

@@ -64,3 +64,20 @@ def test_missing_markers_or_keys_are_one_line_errors(tmp_path):
     (tmp_path / "reports" / "studies" / "toy" / "run.json").write_text("{}")
     with pytest.raises(SystemExit, match=r"toy: missing key 'wall_s'"):
         report_studies.main(["--root", str(tmp_path)])
+
+
+def test_a_derived_main_metric_shows_the_test_it_comes_from(tmp_path):
+    # bits_per_char is test_loss rescaled: the report gives it no test of its own (role "derived").
+    (tmp_path / "README.md").write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    write_study(tmp_path, "toy", 0.125)
+    metrics = tmp_path / "reports" / "studies" / "toy" / "metrics.json"
+    summary = json.loads(metrics.read_text())
+    ablation = summary["variants"]["no_positional"]
+    ablation["bits_per_char"].update(p=None, verdict="derived from test_loss: no test of its own", role="derived",
+                                     derived_from="test_loss")
+    ablation["test_loss"] = {"mean": 1.7, "ci95": 0.02, "n": 3, "delta": 0.2, "p": 0.004, "verdict": "worse",
+                             "role": "secondary", "p_holm": 0.012}
+    metrics.write_text(json.dumps(summary))
+    report_studies.main(["--root", str(tmp_path)])
+    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| [toy]"))
+    assert "no_positional +0.125 (test_loss p 0.004, worse)" in row

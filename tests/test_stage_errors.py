@@ -61,7 +61,7 @@ def test_encode_names_the_missing_tokenizer(tiny_shards, tmp_path):
     ("one_head", "ablations:\n  baseline: {}\n  one_head: {model: {n_head: 1}}\n",
      "ablations.one_head.model.n_head"),  # a typo never silently trains the baseline again
     ("three", "model: {d_model: 32, n_heads: 2}\nablations:\n  baseline: {}\n  three: {model: {n_heads: 3}}\n",
-     "ablations.three (model): ModelConfig.d_model (32)"),  # a combination that makes no sense
+     "ablations.three: ModelConfig.d_model (32)"),  # a combination that makes no sense
 ])
 def test_train_names_the_variant_and_key(tiny_shards, tmp_path, variant, text, pattern):
     fails("train", ["--params", params(tmp_path, text), "--shards", str(tiny_shards / "shards"),

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pipeline.stats import higher_is_better, paired_delta, summarize
+from pipeline.stats import (
+    detectable_effect, higher_is_better, holm, paired_delta, paired_power, seeds_needed, summarize,
+)
 
 
 def test_summary_matches_scipy_t_interval():
@@ -104,3 +106,63 @@ def test_metric_directions():
     assert not higher_is_better("bits_per_token")
     with pytest.raises(KeyError):
         higher_is_better("n_decoded")
+
+
+def test_holm_matches_a_hand_computed_example():
+    # Sorted: 0.005 x4 = 0.02, 0.01 x3 = 0.03, 0.03 x2 = 0.06, 0.04 x1 = 0.04 -> raised to 0.06 (step-down
+    # keeps the order), then put back in input order; products above 1 are capped.
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]
+    assert holm([0.02]) == [0.02] and holm([]) == []
+
+
+def power_by_integration(effect: float, n: int, alpha: float = 0.05) -> float:
+    """Paired t-test power without the noncentral t: T = (Z + effect sqrt(n)) / sqrt(V / df), with
+    Z standard normal and V chi-square(df); integrate P(|T| > t_crit | V) over V's density."""
+    from scipy import integrate
+
+    df, shift = n - 1, effect * math.sqrt(n)
+    c = sps.t.ppf(1 - alpha / 2, df)
+
+    def given_v(v: float) -> float:
+        scale = c * math.sqrt(v / df)
+        return (sps.norm.sf(scale - shift) + sps.norm.cdf(-scale - shift)) * sps.chi2.pdf(v, df)
+
+    return integrate.quad(given_v, 0, np.inf, limit=200)[0]
+
+
+@pytest.mark.parametrize("effect, n", [(0.5, 34), (0.8, 15), (1.0, 3), (3.0, 2), (0.2, 100)])
+def test_paired_power_matches_numerical_integration(effect, n):
+    assert paired_power(effect, n) == pytest.approx(power_by_integration(effect, n), abs=1e-6)
+    assert paired_power(-effect, n) == paired_power(effect, n)  # two-sided
+
+
+def test_paired_power_is_alpha_without_an_effect_and_matches_simulation():
+    assert paired_power(0.0, 5) == pytest.approx(0.05)
+    # Monte Carlo of the test itself: paired differences N(effect, 1), t = mean / (sd / sqrt(n)).
+    n, effect = 3, detectable_effect(3)
+    d = np.random.default_rng(0).normal(effect, 1.0, size=(200_000, n))
+    t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(n))
+    share = float(np.mean(np.abs(t) > sps.t.ppf(0.975, n - 1)))
+    assert share == pytest.approx(0.8, abs=0.005)  # MC standard error ~0.0009
+
+
+def test_detectable_effect_and_seeds_needed_hit_80_percent_power():
+    for n, alpha in ((3, 0.05), (5, 0.05 / 12), (34, 0.05)):
+        assert power_by_integration(detectable_effect(n, alpha=alpha), n, alpha) == pytest.approx(0.8, abs=1e-6)
+    assert detectable_effect(1) is None
+    # d = 0.5 needs 34 pairs and d = 0.8 needs 15 (one-sample/paired t, two-sided 5%, 80% power):
+    # the fewest n whose power, integrated independently, reaches 0.8.
+    for effect, n in ((0.5, 34), (0.8, 15)):
+        assert seeds_needed(effect) == n
+        assert power_by_integration(effect, n) >= 0.8 > power_by_integration(effect, n - 1)
+    assert seeds_needed(0.0) is None and seeds_needed(1e-4) is None  # more than MAX_SEEDS
+    assert seeds_needed(50.0) == 2
+
+
+def test_paired_delta_reports_the_sd_of_the_differences():
+    base = {0: 3.0, 1: 3.2, 2: 2.9}
+    var = {0: 3.1, 1: 3.0, 2: 3.05}
+    d = np.array([var[s] - base[s] for s in base])
+    assert paired_delta(var, base, higher_better=False).sd == pytest.approx(d.std(ddof=1))
+    assert paired_delta({0: 1.0}, {0: 2.0}, higher_better=False).sd is None

@@ -180,3 +180,39 @@ def test_locked_sqlite_store_costs_one_wait_and_a_warning_not_the_run(tiny_shard
     assert info["mlflow_run_id"] is None
     assert "warning: MLflow" in capsys.readouterr().err
     assert elapsed < 60  # one busy timeout (20 s) plus training, not a wait per metric batch
+
+
+def test_a_killed_live_run_ends_as_killed_when_its_stage_reruns(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    killed = Tracker()
+    killed.start("abl-test", "baseline-0", {})  # the process dies here: never ended
+    other = Tracker()
+    other.start("abl-test", "baseline-1", {})  # another run, still going
+    monkeypatch.setenv("DVC_EXP_NAME", "e1")
+    queued = Tracker()
+    queued.start("abl-test", "baseline-0", {})  # the same run name in a queued experiment
+    monkeypatch.delenv("DVC_EXP_NAME")
+    rerun = Tracker()
+    rerun.start("abl-test", "baseline-0", {})
+    client = mlflow_tracking.MlflowClient()
+    status = {t.run_id: client.get_run(t.run_id).info.status for t in (killed, other, queued, rerun)}
+    assert status == {killed.run_id: "KILLED", other.run_id: "RUNNING", queued.run_id: "RUNNING",
+                      rerun.run_id: "RUNNING"}
+    assert client.get_run(queued.run_id).data.tags["dvc.experiment"] == "e1"
+
+
+def test_the_default_store_is_the_repository_dvc_names_not_the_working_directory(tmp_path, monkeypatch):
+    # A queued experiment runs in .dvc/tmp/exps/<tmp>/, deleted afterwards; DVC_ROOT names the repository.
+    from pipeline.tracking import tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    workspace = tmp_path / ".dvc" / "tmp" / "exps" / "tmpabc"
+    workspace.mkdir(parents=True)
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.delenv("DVC_ROOT")
+    assert tracking_uri() == f"sqlite:///{workspace.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking_uri() == "http://127.0.0.1:5000"

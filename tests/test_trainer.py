@@ -89,7 +89,7 @@ def test_outputs_and_checkpoints_load_with_weights_only(tiny_shards, capsys):
 
 
 def test_non_finite_loss_stops_with_the_step(tiny_shards):
-    with pytest.raises(trainer.NonFiniteLoss, match=r"step \d+"):
+    with pytest.raises(trainer.NonFiniteLoss, match=r"step \d+; no checkpoint was written before it"):
         run(tiny_shards / "shards", "v", 0, resolved(lr=1e30, clip_grad_norm=None, warmup_steps=0, schedule="constant"),
             "x", tiny_shards / "nan", tiny_shards / "cnan")
     assert not (tiny_shards / "nan").exists()  # no half-written output
@@ -111,12 +111,18 @@ def test_non_finite_loss_keeps_the_last_good_checkpoint(tiny_shards, tmp_path, m
     original_train = trainer.train
     monkeypatch.setattr(trainer, "train", lambda model, *a, **k: original_train(poisoned(model), *a, **k))
     ckpt = tmp_path / "ckpt"
-    with pytest.raises(trainer.NonFiniteLoss, match=r"step 7\b"):
+    with pytest.raises(trainer.NonFiniteLoss, match=r"step 7; the checkpoint of step 4 in .*ckpt is the last good"):
         run(tiny_shards / "shards", "v", 0, resolved(log_every=1, budget_steps=12), "x", tmp_path / "out", ckpt)
     saved = [p.name for p in ckpt.glob("step-*.pt")]
     assert saved == ["step-00000004.pt"]
     state = torch.load(ckpt / saved[0], weights_only=True)
     assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_budget_of_absurdly_many_passes_is_refused_before_planning(tiny_shards, tmp_path):
+    with pytest.raises(ValueError, match=r"^train.budget_tokens: 100000000000 is [\d,]+ passes over the training data"):
+        run(tiny_shards / "shards", "v", 0, resolved(budget_tokens=10**11), "x", tmp_path / "out", tmp_path / "c")
     assert not (tmp_path / "out").exists()
 
 

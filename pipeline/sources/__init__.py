@@ -33,13 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from pipeline.atomic import atomic_path, atomic_write_json
 from pipeline.fetch import (ChecksumError, DownloadError, cache_path, fetch, is_cached,
                             sha256_file)
+from pipeline.params import SOURCE_NAMES
 
 log = logging.getLogger(__name__)
 
 TASKS = ("summarization", "translation", "language_modeling")
 SPLITS = ("train", "validation", "test")
 # `synthetic` is not here: it generates data in-process and the download stage handles it itself.
-_NAMES = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "multi30k", "local")
+_NAMES = tuple(name for name in SOURCE_NAMES if name != "synthetic")
 SHA256 = pydantic.constr(pattern=r"^[0-9a-fA-F]{64}$")
 Split = Literal["train", "validation", "test"]
 Direction = Literal["en-de", "de-en"]

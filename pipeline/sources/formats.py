@@ -116,15 +116,18 @@ def read_parquet(path: Path, columns: Sequence[str], max_rows: int | None = None
     tops = list(dict.fromkeys(p[0] for p in fields.values()))
     out: dict[str, list] = {c: [] for c in columns}
     n = 0
-    for batch in pf.iter_batches(batch_size=4096, columns=tops):
-        if max_rows is not None:
-            batch = batch.slice(0, max_rows - n)
-        for c, (top, *sub) in fields.items():
-            values = batch.column(top)
-            out[c].extend((pc.struct_field(values, sub) if sub else values).to_pylist())
-        n += batch.num_rows
-        if max_rows is not None and n >= max_rows:
-            break
+    try:  # a damaged page shows only when it is decoded, as a bare "Corrupt snappy ..." error
+        for batch in pf.iter_batches(batch_size=4096, columns=tops):
+            if max_rows is not None:
+                batch = batch.slice(0, max_rows - n)
+            for c, (top, *sub) in fields.items():
+                values = batch.column(top)
+                out[c].extend((pc.struct_field(values, sub) if sub else values).to_pylist())
+            n += batch.num_rows
+            if max_rows is not None and n >= max_rows:
+                break
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"{path}: corrupt parquet file ({str(err).strip().splitlines()[0]})") from None
     return out
 
 

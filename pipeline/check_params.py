@@ -1,0 +1,60 @@
+"""Stage `check_params`: every key of params.yaml checked before any other stage runs.
+
+    python -m pipeline.check_params --out data/params.checked --local-root data/local
+
+dvc.yaml makes this stage depend on the whole of params.yaml and every other stage depend on its
+output, so any edit (even a key no stage reads, like `seed:` for `seeds:`) runs it first, and a
+bad value stops `dvc repro` before DVC deletes any stage's outputs. It checks what can be known
+without data: the schema of every section, each source's options, each variant's merged model
+and train settings. Checks that need the corpus (the tokenizer's vocabulary) stay in their stage.
+
+The output never changes while the params are valid, so stages downstream rerun only for the
+params they list themselves.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.atomic import atomic_write_text
+from pipeline.params import (Params, ParamsError, load_params, model_config, model_fields, resolve_variant,
+                             stage_error)
+
+STAMP = "params.yaml: every key valid (pipeline/check_params.py)\n"
+
+
+def check(params: Params, local_root: Path) -> None:
+    """Raise ParamsError/ValueError naming the first bad key."""
+    from pipeline.download import check_local_paths
+    from pipeline.sources import SOURCES, parse_options
+
+    for name, options in (params.data.model_extra or {}).items():
+        parse_options(SOURCES[name].Options, options, name)
+        if name == "local" and isinstance(options, dict):
+            check_local_paths(options.get("paths"), local_root)
+    merged = {variant: resolve_variant(params, variant) for variant in params.ablations}
+    tokenizer = params.train_bpe.model_dump()
+    # The shared `model` section first: its error is the user's `model` key, not every variant's.
+    model_config({**model_fields(), **params.model}, tokenizer, "model")
+    for variant, settings in merged.items():
+        model_config(settings["model"], tokenizer, f"ablations.{variant}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--local-root", default="data/local")
+    args = parser.parse_args(argv)
+    try:
+        check(load_params(args.params), Path(args.local_root))
+    except (ParamsError, ValueError) as exc:
+        raise stage_error("check_params", exc) from None
+    out = Path(args.out)
+    if not out.is_file() or out.read_text(encoding="utf-8") != STAMP:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, STAMP)
+
+
+if __name__ == "__main__":
+    main()
