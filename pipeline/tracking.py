@@ -22,7 +22,7 @@ STORE = "mlflow.db"  # MLflow's own default store name, so a bare `mlflow ui` in
 # (retries + 1) x timeout, once per stage, after which tracking is off for the run. (MLflow's
 # defaults are 7 retries with exponential backoff and a 120 s timeout.) A locked sqlite store
 # waits MLflow's fixed 20 s busy timeout, once, which lets concurrent writers take turns.
-HTTP_RETRIES, HTTP_TIMEOUT_S = 1, 5
+HTTP_RETRIES, HTTP_TIMEOUT_S = 1, 4
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
 
