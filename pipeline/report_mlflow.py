@@ -28,8 +28,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.tracking import (dvc_experiment, experiment_id, flatten, store_lock, tracking_enabled,
-                               tracking_uri)
+from pipeline.tracking import (dvc_experiment, experiment_id, flatten, open_client, problem, store_lock,
+                               tracking_enabled)
 
 log = logging.getLogger("pipeline.report")
 DIGEST_TAG = "ablation_lab.digest"
@@ -80,14 +80,12 @@ def mirror_runs(runs: list[RunFiles], report_dir: Path, experiment: str) -> str 
 
 def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | None:
     try:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=tracking_uri())
+        client = open_client()
         exp_id = experiment_id(client, experiment)
         known = client.search_runs([exp_id], max_results=50_000)  # training runs and earlier reports
         mirrored = {r.data.tags[DIGEST_TAG]: r.info.run_id for r in known if DIGEST_TAG in r.data.tags}
     except Exception as exc:  # noqa: BLE001 - MLflow only mirrors; the report is already on disk
-        log.warning("report: MLflow linking skipped (%s: %s)", type(exc).__name__, str(exc).splitlines()[0][:200])
+        log.warning("report: MLflow linking skipped (%s)", problem(exc))
         return None
     current = {}  # (variant, seed) -> the run this report shows for it
     for run in runs:
@@ -115,8 +113,7 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | No
         log.info("report: MLflow experiment %r: the report run and %d training runs; these alone, for"
                  " 'Group by': search `tags.mlflow.parentRunId IS NULL`", experiment, len(current))
     except Exception as exc:  # noqa: BLE001
-        log.warning("report: MLflow report run not completed (%s: %s)",
-                    type(exc).__name__, str(exc).splitlines()[0][:200])
+        log.warning("report: MLflow report run not completed (%s)", problem(exc))
         return None
     return report_id
 

@@ -27,6 +27,26 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
 
 
+def problem(exc: Exception) -> str:
+    """One line saying why an MLflow call failed, in words a user acts on."""
+    text = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    if "readonly database" in text or "Read-only file system" in text:
+        text += f"; the store {tracking_uri()} is read-only (point MLFLOW_TRACKING_URI elsewhere, or set " \
+                "ABLATION_LAB_TRACKING=0)"
+    return text
+
+
+def open_client():
+    """An MlflowClient on the tracking store. MLflow's sqlite store logs each database error as a
+    traceback of some 90 lines at ERROR level before raising it; the caller prints one line instead."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    return MlflowClient(tracking_uri=tracking_uri())
+
+
 def tracking_root() -> Path:
     """The repository that holds mlflow.db and mlruns/. DVC sets DVC_ROOT to it for every stage,
     also in a queued experiment's temporary workspace (.dvc/tmp/exps/...), which is deleted after
@@ -128,8 +148,8 @@ class Tracker:
         self._flush_every = flush_every
 
     def _fail(self, what: str, exc: Exception) -> None:
-        print(f"warning: MLflow {what} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-              "tracking is off for this run, DVC files are complete", file=sys.stderr)
+        print(f"warning: MLflow {what} failed ({problem(exc)}); tracking is off for this run, DVC files "
+              "are complete", file=sys.stderr)
         self.enabled = False
 
     def start(self, experiment: str, run_name: str, tags: dict[str, str]) -> None:
@@ -137,9 +157,7 @@ class Tracker:
         if not self.enabled:
             return
         try:
-            from mlflow.tracking import MlflowClient
-
-            self._client = MlflowClient(tracking_uri=tracking_uri())
+            self._client = open_client()
             exp_id = experiment_id(self._client, experiment)
             self._close_killed(exp_id, run_name)
             self.run_id = self._client.create_run(exp_id, run_name=run_name).info.run_id

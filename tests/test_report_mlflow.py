@@ -117,3 +117,15 @@ def test_runs_trained_without_live_tracking_are_mirrored_from_their_files_once(t
     new = next(r for r in trained if r.info.run_name == "baseline-1" and r.info.run_id != run.info.run_id)
     assert "mlflow.parentRunId" not in new.data.tags  # the current version: a row of its own
     assert client.get_run(run.info.run_id).data.tags["mlflow.parentRunId"] == new.info.run_id  # folded under it
+
+
+def test_a_read_only_store_is_one_warning_that_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    mlflow_tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()  # creates the tables
+    # SQLite's own read-only mode: root ignores a file's mode bits, so chmod would prove nothing here.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///file:{tmp_path / 'mlflow.db'}?mode=ro&uri=true")
+    (tmp_path / "report").mkdir()
+    with caplog.at_level(logging.INFO):
+        assert mirror_runs([], tmp_path / "report", "ablation-lab") is None
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "is read-only" in said[0] and "Traceback" not in caplog.text, said
