@@ -244,13 +244,14 @@ def unknown_key(path: str, key: str, known: list[str]) -> str:
     return f"{path}: unknown key ({hint})"
 
 
-def _fields_at(loc: tuple) -> list[str]:
-    """The keys allowed where the error `loc` points (Params' nested sections)."""
-    model: Any = Params
-    for name in loc:
-        field = getattr(model, "model_fields", {}).get(name)
+def fields_at(model: type[BaseModel], path: tuple | list) -> list[str]:
+    """Field names of the (nested) pydantic model at `path` below `model`, or [] if none is there."""
+    for name in path:
+        field = model.model_fields.get(name)
         model = field.annotation if field else None
-    return list(getattr(model, "model_fields", {}))
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return list(model.model_fields)
 
 
 def _error_line(exc: ValidationError, source: str) -> str:
@@ -258,7 +259,7 @@ def _error_line(exc: ValidationError, source: str) -> str:
     loc = tuple(err["loc"])
     where = ".".join(str(p) for p in loc)
     if err["type"] == "extra_forbidden":
-        return f"{source}: {unknown_key(where, str(loc[-1]), _fields_at(loc[:-1]))}"
+        return f"{source}: {unknown_key(where, str(loc[-1]), fields_at(Params, loc[:-1]))}"
     msg = err["msg"].removeprefix("Value error, ")
     if msg.startswith(where):  # our own validators name the key themselves
         return f"{source}: {msg}"

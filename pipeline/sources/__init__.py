@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from pipeline.atomic import atomic_path, atomic_write_json
 from pipeline.fetch import (ChecksumError, DownloadError, cache_path, fetch, is_cached,
                             sha256_file)
-from pipeline.params import SOURCE_NAMES
+from pipeline.params import SOURCE_NAMES, fields_at
 
 log = logging.getLogger(__name__)
 
@@ -91,24 +91,13 @@ def parse_options(model: type[M], options: Mapping[str, Any] | None, source: str
         loc = [str(p) for p in e["loc"] if p != "[key]"]  # "[key]": the error is in a dict key
         key = ".".join([f"data.{source}", *loc])
         if e["type"] == "extra_forbidden":
-            allowed = _fields_at(model, loc[:-1])
+            allowed = fields_at(model, loc[:-1])
             hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
             raise ValueError(f"{key}: unknown option{hint}") from None
         if e["type"] == "missing":
             raise ValueError(f"{key}: required option is missing") from None
         got = f" (got {e['input']!r})" if loc else ""  # a whole-model error: input is everything
         raise ValueError(f"{key}: {e['msg']}{got}") from None
-
-
-def _fields_at(model: type[BaseModel], path: Sequence[str]) -> list[str]:
-    """Field names of the (nested) model at `path`, or [] if it is not a model."""
-    for name in path:
-        field = model.model_fields.get(name)
-        sub = field.annotation if field else None
-        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
-            return []
-        model = sub
-    return list(model.model_fields)
 
 
 def check_pins(opts: RemoteOptions, files: Sequence[str], source: str) -> None:
