@@ -38,6 +38,11 @@ def check(params: Params, local_root: Path) -> None:
     model_config({**model_fields(), **params.model}, tokenizer, "model")
     for variant, settings in merged.items():
         model_config(settings["model"], tokenizer, f"ablations.{variant}")
+    for scale in params.scales:  # every variant is trained at every scale
+        model_config(resolve_variant(params, params.report.baseline, scale)["model"], tokenizer, f"scales.{scale}")
+        for variant in params.ablations:
+            settings = resolve_variant(params, variant, scale)
+            model_config(settings["model"], tokenizer, f"ablations.{variant} at scales.{scale}")
 
 
 def main(argv: list[str] | None = None) -> None:

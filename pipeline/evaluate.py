@@ -69,6 +69,9 @@ def read_object(path: Path, keys: tuple[str, ...] = ()) -> dict:
     return value
 
 
+SWEEP_KEYS = ("lr", "scale")  # where a sweep run sits (train.json), carried into eval.json
+
+
 def run_settings(run_dir: Path) -> TrainParams:
     """train.* of the run's config.json, checked as params.yaml's train section is."""
     path = run_dir / "config.json"
@@ -294,11 +297,18 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
              context: int, batch_size: int, device: torch.device = torch.device("cpu")) -> dict:
     manifest = read_manifest(shards)
     info = read_object(run_dir / "train.json", ("variant", "seed"))
+    task = manifest["task"]
+    point = {k: info[k] for k in SWEEP_KEYS if k in info}
+    metrics = {"variant": info["variant"], "seed": info["seed"], **point, "task": task}
+    if info.get("diverged"):  # a learning-rate sweep's rate too high: a result, with no model to score
+        metrics["diverged"] = info["diverged"]
+        with atomic_path(out) as tmp:
+            tmp.mkdir(parents=True)
+            (tmp / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        return metrics
     model = load_model(run_dir, device)
     sp = load_tokenizer(tokenizer)
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
-    task = manifest["task"]
-    metrics = {"variant": info["variant"], "seed": info["seed"], "task": task}
     test = load_split(shards, manifest, "test")
     if task == "language_modeling":
         eos, val = ids["eos_id"], load_split(shards, manifest, "validation")

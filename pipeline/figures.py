@@ -196,3 +196,50 @@ def plot_attention(
         ax.set_title(title, fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
+
+
+def plot_lr_sweep(points: Mapping[str, list[tuple[float, list[float], bool]]], colors: Mapping, path: Path) -> None:
+    """Validation loss vs learning rate: per variant, mean ± 95% CI over seeds at each rate
+    (rate, seed values, chosen); the chosen rate is starred. Rates without values are skipped."""
+    fig = Figure(layout="constrained", figsize=(7, 4.8))
+    ax = fig.subplots()
+    for variant, pts in points.items():
+        pts = sorted(((lr, summarize(vals), chosen) for lr, vals, chosen in pts if vals), key=lambda t: t[0])
+        if not pts:
+            continue
+        lrs = [lr for lr, _, _ in pts]
+        means = [s.mean for _, s, _ in pts]
+        errs = [s.half_width or 0.0 for _, s, _ in pts]
+        ax.errorbar(lrs, means, yerr=errs, color=colors[variant], marker="o", ms=5, capsize=3, label=variant)
+        for lr, s, chosen in pts:
+            if chosen:
+                ax.plot([lr], [s.mean], marker="*", ms=16, color=colors[variant], markeredgecolor="black")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("validation loss")
+    ax.set_title("Validation loss vs learning rate (★ = each variant's chosen rate)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+
+
+def plot_delta_vs_params(points: Mapping[str, list[tuple[float, Delta]]], metric: str, baseline: str,
+                         colors: Mapping, path: Path) -> None:
+    """Δ metric vs the baseline's parameter count per ablation: mean ± 95% CI of the paired Δ."""
+    fig = Figure(layout="constrained", figsize=(7, 4.8))
+    ax = fig.subplots()
+    for variant, pts in points.items():
+        pts = sorted(((n, d) for n, d in pts if d.mean is not None), key=lambda t: t[0])
+        if not pts:
+            continue
+        ax.errorbar([n for n, _ in pts], [d.mean for _, d in pts], yerr=[d.half_width or 0.0 for _, d in pts],
+                    color=colors[variant], marker="o", ms=5, capsize=4, label=variant)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(EngFormatter())
+    ax.set_xlabel(f"parameters of {baseline} at each size")
+    ax.set_ylabel(f"Δ {metric} (variant − {baseline})")
+    ax.set_title(f"Effect of each ablation across sizes (Δ {metric})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")

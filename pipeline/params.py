@@ -122,6 +122,9 @@ class TrainParams(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     budget_tokens: int = Field(1_000_000, gt=0)  # target tokens seen by every variant (fair budget)
     budget_steps: int | None = Field(None, gt=0)  # if set, train this many optimizer steps instead
+    # If set, every run trains to this many training FLOPs instead (the count behind the MFU
+    # figure, pipeline.train.flops_per_target_token): a variant cheaper per token sees more tokens.
+    budget_flops: float | None = Field(None, gt=0)
     batch_tokens: int = Field(4096, gt=0)  # seq2seq: cap on padded tokens per batch
     batch_size: int = Field(32, gt=0)  # language modelling: windows per batch
     context: int = Field(256, gt=1)  # language modelling: window length
@@ -142,6 +145,13 @@ class TrainParams(Section):
     keep_checkpoints: int = Field(2, gt=0)
     compile: bool = False  # torch.compile on CUDA
     threads: int = Field(0, ge=0)  # CPU threads for torch; 0 = auto: the cores free when the stage starts
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "TrainParams":
+        if self.budget_flops is not None and self.budget_steps is not None:
+            raise ValueError("train.budget_flops and train.budget_steps are both set; keep one "
+                             "(budget_tokens is the default when neither is)")
+        return self
 
 
 class EvaluateParams(Section):
@@ -187,6 +197,12 @@ class Params(Section):
     # Training seeds (numpy's seeds are unsigned 32-bit); each one trains every variant.
     seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field([0], min_length=1)
     ablations: dict[str, dict[str, Any] | None] = {"baseline": {}}
+    # Off by default: each costs training time. lr_sweep: every variant x seed also trains at each
+    # of these learning rates (train_lr stages), and the report compares the variants each at its
+    # own best rate on the validation split. scales: name -> overrides of the baseline's `model`
+    # (and `train`), each variant trained at each (train_scale stages), for Δ vs parameter count.
+    lr_sweep: list[Annotated[float, Field(gt=0)]] = []
+    scales: dict[str, dict[str, Any] | None] = {}
 
     @field_validator("seeds")
     @classmethod
@@ -208,11 +224,38 @@ class Params(Section):
                     raise ValueError(f"ablations.{name}.{section}: unknown section (allowed: {', '.join(ABLATABLE)})")
         return {name: overrides or {} for name, overrides in ablations.items()}
 
+    @field_validator("scales")
+    @classmethod
+    def _scale_names(cls, scales: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+        for name, overrides in scales.items():
+            if not VARIANT_NAME.match(str(name)):
+                raise ValueError(f"scales.{name!r}: a scale name must be letters, digits, '_', '.' or '-' "
+                                 "(it names DVC stages and directories)")
+            for section in overrides or {}:
+                if section not in ABLATABLE:
+                    raise ValueError(f"scales.{name}.{section}: unknown section (allowed: {', '.join(ABLATABLE)})")
+            if not overrides or name == "params.yaml":
+                raise ValueError(f"scales.{name}: the baseline's own size (the report calls it params.yaml) is "
+                                 "the first point of every scale comparison already; give overrides and another name")
+        return scales
+
     @model_validator(mode="after")
     def _baseline_exists(self) -> "Params":
         if self.report.baseline not in self.ablations:
             raise ValueError(f"report.baseline: {self.report.baseline!r} is not a variant in ablations "
                              f"(have: {', '.join(self.ablations)})")
+        return self
+
+    @model_validator(mode="after")
+    def _sweep_adds_rates(self) -> "Params":
+        # The main runs are the sweep's point at train.lr: training it again would cost a run per
+        # variant x seed for identical numbers.
+        for i, lr in enumerate(self.lr_sweep):
+            if lr in self.lr_sweep[:i]:
+                raise ValueError(f"lr_sweep: {lr:g} is listed twice")
+            if lr == self.train.lr:
+                raise ValueError(f"lr_sweep: {lr:g} is train.lr; the main runs train at it already "
+                                 "(list only the other rates)")
         return self
 
 
@@ -306,10 +349,17 @@ def model_config(model_section: dict[str, Any], tokenizer: dict[str, Any], where
         raise ParamsError(f"{where}: {exc}") from exc
 
 
-def resolve_variant(params: Params, variant: str) -> dict[str, dict[str, Any]]:
-    """The full `model` and `train` settings of one variant: baseline defaults + its overrides."""
+def resolve_variant(params: Params, variant: str, scale: str | None = None,
+                    lr: float | None = None) -> dict[str, dict[str, Any]]:
+    """The full `model` and `train` settings of one variant: baseline defaults + its overrides.
+
+    `scale` (a key of `scales`) applies that scale's overrides to the baseline first, so the
+    variant's own overrides win; `lr` (a point of `lr_sweep`) replaces the learning rate last.
+    """
     if variant not in params.ablations:
         raise ParamsError(f"ablations: no variant named {variant!r} (have: {', '.join(params.ablations)})")
+    if scale is not None and scale not in params.scales:
+        raise ParamsError(f"scales: no scale named {scale!r} (have: {', '.join(params.scales) or 'none'})")
     known = model_fields()
     for key in params.model:
         if key not in known:
@@ -318,7 +368,11 @@ def resolve_variant(params: Params, variant: str) -> dict[str, dict[str, Any]]:
         "model": {**known, **params.model},
         "train": params.train.model_dump(),
     }
+    if scale is not None:
+        base = merge_overrides(base, params.scales[scale], where=f"scales.{scale}")
     merged = merge_overrides(base, params.ablations[variant], where=f"ablations.{variant}")
+    if lr is not None:
+        merged["train"]["lr"] = lr
     try:
         merged["train"] = TrainParams.model_validate(merged["train"]).model_dump()
     except ValidationError as exc:

@@ -26,6 +26,8 @@ from pipeline.atomic import atomic_write_text
 from pipeline.params import Params, ParamsError, load_params, resolve_variant
 
 SECTIONS = tuple(Params.model_fields)
+# Keys dvc.yaml's matrices read: DVC stops with "Could not find" when params.yaml lacks one.
+DVC_READS = ("seeds", "ablations", "lr_sweep", "scales")
 
 
 def available(presets_dir: Path) -> list[str]:
@@ -66,6 +68,11 @@ def validate(path: Path) -> Params:
     from model import ModelConfig
 
     params = load_params(path)
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for key in DVC_READS:
+        if key not in raw:
+            raise ParamsError(f"{path}: {key}: missing; dvc.yaml lays out its stages from it "
+                              f"(write `{key}: {'[]' if key == 'lr_sweep' else '{}'}` to leave it off)")
     try:
         task = source_task(params)
     except ValueError as exc:
@@ -75,10 +82,10 @@ def validate(path: Path) -> Params:
     # do for checking the model settings.
     ids = {"vocab_size": max(tok.vocab_size, tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) + 1,
            "pad_id": tok.pad_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id}
-    for variant in params.ablations:
-        where = f"{path}: ablations.{variant}"
+    for variant, scale in [(v, s) for s in (None, *params.scales) for v in params.ablations]:
+        where = f"{path}: ablations.{variant}" + (f" at scales.{scale}" if scale else "")
         try:
-            resolved = resolve_variant(params, variant)
+            resolved = resolve_variant(params, variant, scale)
         except ParamsError as exc:
             raise ParamsError(f"{path}: {exc}") from exc
         if task == "language_modeling" and resolved["model"]["arch"] == "encoder_decoder":

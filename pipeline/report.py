@@ -32,11 +32,13 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from pipeline import report_sweeps
 from pipeline.atomic import atomic_path
-from pipeline.params import ReportParams
+from pipeline.figures import variant_colors
+from pipeline.params import ReportParams, TrainParams, read_yaml
 from pipeline.report_dvc import curve_tables, metrics_summary
 from pipeline.report_figures import figure_blocks
-from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
+from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs, read_json
 from pipeline.report_mlflow import RunFiles, mirror_runs
 from pipeline.report_render import Paragraph, to_html, to_markdown
 from pipeline.report_tables import (
@@ -45,18 +47,20 @@ from pipeline.report_tables import (
     reference_blocks, results_blocks, unigram_plateau,
     samples_blocks, setup_blocks,
 )
+from pipeline.tracking import point_label
 
 log = logging.getLogger(__name__)
 
 TITLE = "Ablation report"
 DEFAULT_EXPERIMENT = "ablation-lab"
-BUDGET_KEYS = ("budget_tokens", "budget_steps")
+BUDGET_KEYS = ("budget_tokens", "budget_steps", "budget_flops")
 
 
 def render_report(
     runs_dir: Path, evals_dir: Path, filter_metrics: Path, variants: Sequence[str], seeds: Sequence[int],
     baseline: str, budget: Mapping[str, object], out_dir: Path,
     notes: Sequence[str] = (), reference: Mapping | None = None, primary_metric: str | None = None,
+    lr_sweep: Sequence[float] = (), main_lr: Mapping[str, float] | None = None, scales: Sequence[str] = (),
 ) -> dict[str, dict[str, str]]:
     """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
 
@@ -73,6 +77,13 @@ def render_report(
     results = compute_results(runs, variants, seeds, baseline, primary_metric)
     plateau = unigram_plateau(runs)
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
+    fair = scaled = None
+    if lr_sweep:
+        grid = report_sweeps.lr_grid(runs_dir, evals_dir, runs, variants, seeds, lr_sweep, main_lr or {})
+        fair = report_sweeps.fair_lr_results(grid, baseline, runs, main_lr or {})
+    if scales:
+        by_scale = report_sweeps.scale_runs(runs_dir, evals_dir, runs, variants, seeds, scales)
+        scaled = report_sweeps.scale_results(by_scale, variants, seeds, baseline, results.primary)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -83,10 +94,13 @@ def render_report(
     with tempfile.TemporaryDirectory(prefix=".report-build.", dir=out_dir) as build:
         tmp = Path(build)
         (tmp / "figures").mkdir(parents=True)
+        colors = variant_colors(variants)
         blocks = (
             [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
             + setup_blocks(runs, variants, seeds, baseline, budget, task, notes)
             + results_blocks(results, variants, baseline, runs, seeds)
+            + (report_sweeps.fair_lr_blocks(fair, baseline, main_lr, tmp / "figures", colors) if fair else [])
+            + (report_sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
             + reference_blocks(results, baseline, reference)
             + plateau_blocks(results, variants, plateau)
             + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
@@ -100,25 +114,41 @@ def render_report(
         (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
         summary = metrics_summary(results, variants, plateau)
+        if fair:
+            summary["fair_lr"] = report_sweeps.fair_lr_summary(fair)
+        if scaled:
+            summary["scales"] = report_sweeps.scale_summary(scaled)
         (tmp / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
         for item in sorted(tmp.iterdir()):
             with atomic_path(out_dir / item.name) as dst:
                 os.replace(item, dst)
 
+    # The main runs, then each sweep run (its folder and MLflow name carry its point).
+    where = {(v, s, ""): (Path(runs_dir), Path(evals_dir), f"{v}-{s}", run) for (v, s), run in runs.items()}
+    for lr in lr_sweep:
+        for (v, s) in runs:
+            if float(lr) != float((main_lr or {}).get(v, -1)):
+                where[(v, s, point_label({"lr": float(lr)}))] = (Path(runs_dir) / "lr", Path(evals_dir) / "lr",
+                                                                f"{v}-{s}-{lr}", None)
+    for sc in scales:
+        for (v, s) in runs:
+            where[(v, s, point_label({"scale": sc}))] = (Path(runs_dir) / "scale", Path(evals_dir) / "scale",
+                                                        f"{v}-{s}-{sc}", None)
     mirror = []
-    for (variant, seed), run in runs.items():
-        if run.train:
-            live = run.train.get("mlflow_run_id")
-            mirror.append(RunFiles(variant, seed, Path(runs_dir) / f"{variant}-{seed}",
-                                   Path(evals_dir) / f"{variant}-{seed}", live if isinstance(live, str) and live else None))
+    for (variant, seed, point), (rdir, edir, name, run) in where.items():
+        train = run.train if run is not None else read_json(rdir / name / "train.json", dict)
+        if train and not train.get("diverged"):
+            live = train.get("mlflow_run_id")
+            mirror.append(RunFiles(variant, seed, rdir / name, edir / name,
+                                   live if isinstance(live, str) and live else None, point))
     return mirror
 
 
 def _read_params(path: Path) -> dict:
     # Only the keys this stage needs, checked here; full validation is pipeline.params' job.
     try:
-        params = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        params = read_yaml(Path(path).read_text(encoding="utf-8"))  # `1e-3` a float, as DVC reads it
     except (OSError, yaml.YAMLError) as e:
         raise ReportInputError(f"cannot read {path}: {str(e).splitlines()[0]}") from e
     if not isinstance(params, dict):
@@ -146,7 +176,26 @@ def _read_params(path: Path) -> dict:
     baseline = (params.get("report") or {}).get("baseline", "baseline")
     if baseline not in params["ablations"]:
         raise ReportInputError(f"{path}: report.baseline {baseline!r} is not a key of 'ablations'")
+    sweep = params.get("lr_sweep") or []
+    if not isinstance(sweep, list) or not all(type(x) in (int, float) and x > 0 for x in sweep):
+        raise ReportInputError(f"{path}: key 'lr_sweep' must be a list of positive numbers")
+    if not isinstance(params.get("scales") or {}, dict):
+        raise ReportInputError(f"{path}: key 'scales' must be a mapping of name -> overrides")
     return params
+
+
+def main_rates(params: dict) -> dict[str, float]:
+    """Each variant's own train.lr: the baseline's, unless its ablation overrides it."""
+    shared = (params.get("train") or {}).get("lr", TrainParams.model_fields["lr"].default)
+    return {str(v): float(((o or {}).get("train") or {}).get("lr", shared)) for v, o in params["ablations"].items()}
+
+
+def budget(train: Mapping) -> dict:
+    """The budget keys that decide the runs' length (budget_tokens is unused under another)."""
+    out = {k: train[k] for k in BUDGET_KEYS if train.get(k) is not None}
+    if len(out) > 1:
+        out.pop("budget_tokens", None)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -166,10 +215,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.runs, args.evals, args.filter_metrics,
             variants=[str(v) for v in params["ablations"]], seeds=params["seeds"],
             baseline=str(report.get("baseline", "baseline")),
-            budget={k: train[k] for k in BUDGET_KEYS if train.get(k) is not None},
+            budget=budget(train),
             out_dir=args.out_dir,
             notes=[str(n) for n in report.get("notes") or []], reference=report.get("reference"),
             primary_metric=report.get("primary_metric"),
+            lr_sweep=params.get("lr_sweep") or [], main_lr=main_rates(params),
+            scales=[str(s) for s in params.get("scales") or {}],
         )
     except ReportInputError as e:
         raise SystemExit(f"report: {e}") from None

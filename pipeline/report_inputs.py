@@ -94,10 +94,11 @@ def _read_attention(path: Path) -> dict | None:
     return {**att, "maps": converted}
 
 
-def load_run(runs_dir: Path, evals_dir: Path, variant: str, seed: int) -> Run:
-    """Read the six files of one run; absent files stay None."""
-    run_dir = Path(runs_dir) / f"{variant}-{seed}"
-    eval_dir = Path(evals_dir) / f"{variant}-{seed}"
+def load_run(runs_dir: Path, evals_dir: Path, variant: str, seed: int, point: str = "") -> Run:
+    """Read the six files of one run; absent files stay None. `point` is a sweep run's folder
+    suffix (`0.01` in data/runs/lr/baseline-0-0.01)."""
+    name = f"{variant}-{seed}" + (f"-{point}" if point else "")
+    run_dir, eval_dir = Path(runs_dir) / name, Path(evals_dir) / name
     return Run(
         variant=variant,
         seed=seed,

@@ -35,6 +35,7 @@ log = logging.getLogger("pipeline.report")
 DIGEST_TAG = "ablation_lab.digest"
 REPORT_TAG = "report_run"  # on a training run: the newest report run that included it
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI folds a run under this parent
+POINT_TAG = "point"  # on a sweep run: "lr=0.01" or "scale=wide" (pipeline.tracking.point_label)
 RUN_FILES = ("config.json", "train_curve.csv", "val_curve.csv", "train.json")
 EVAL_FILES = ("eval.json", "samples.json")
 CURVES = {"train_curve.csv": ("train_loss", "lr", "tokens"), "val_curve.csv": ("val_loss",)}  # logged per step
@@ -47,10 +48,11 @@ class RunFiles:
     run_dir: Path
     eval_dir: Path
     live_run_id: str | None = None  # set when the train stage mirrored live
+    point: str = ""  # a sweep run's place, "lr=0.01" or "scale=wide"; "" for the main runs
 
     @property
     def name(self) -> str:
-        return f"{self.variant}-{self.seed}"
+        return f"{self.variant}-{self.seed}" + (f" {self.point}" if self.point else "")
 
     def eval_step(self) -> int:
         """One past the last training step: where the evaluation's value of a curve's metric (val_loss)
@@ -87,7 +89,7 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | No
     except Exception as exc:  # noqa: BLE001 - MLflow only mirrors; the report is already on disk
         log.warning("report: MLflow linking skipped (%s)", problem(exc))
         return None
-    current = {}  # (variant, seed) -> the run this report shows for it
+    current = {}  # (variant, seed, point) -> the run this report shows for it
     for run in runs:
         run_id = run.live_run_id
         try:
@@ -98,7 +100,9 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | No
                 log_evaluation(client, run_id, run.eval_dir, run.eval_step())
             client.set_tag(run_id, "variant", run.variant)
             client.set_tag(run_id, "seed", str(run.seed))
-            current[(run.variant, str(run.seed))] = run_id
+            if run.point:
+                client.set_tag(run_id, POINT_TAG, run.point)
+            current[(run.variant, str(run.seed), run.point)] = run_id
         except Exception as exc:  # noqa: BLE001 - e.g. a live run deleted or kept in another store
             log.warning("report: cannot link MLflow run %s of %s (%s)", run_id, run.name, type(exc).__name__)
     try:
@@ -121,7 +125,7 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | No
 def nest_history(client, known: list, heads: dict) -> None:
     """Each earlier version becomes a child of the current one, which is made top level.
 
-    `heads` maps (variant, seed) to the run this report shows, and "report" to its report run. An
+    `heads` maps (variant, seed, point) to the run this report shows, and "report" to its report run. An
     earlier mirror of a variant x seed (its files changed since) goes under that run, an earlier
     report under this report's run: `mlflow ui`'s default table, which folds children under their
     parent, then lists one row per variant x seed and one report, with the history behind each
@@ -130,7 +134,8 @@ def nest_history(client, known: list, heads: dict) -> None:
     """
     for r in known:
         tags = r.data.tags
-        head = heads.get("report" if tags.get("stage") == "report" else (tags.get("variant"), tags.get("seed")))
+        head = heads.get("report" if tags.get("stage") == "report"
+                         else (tags.get("variant"), tags.get("seed"), tags.get(POINT_TAG, "")))
         if head == r.info.run_id:
             if PARENT_TAG in tags:  # e.g. a child of an earlier report, as earlier versions linked runs
                 client.delete_tag(head, PARENT_TAG)
@@ -147,6 +152,7 @@ def create_run(client, exp_id: str, run: RunFiles, digest: str) -> str:
     stamp = int(train_json.stat().st_mtime * 1000)  # the curves carry steps, not times
     run_id = client.create_run(exp_id, run_name=run.name, tags={
         "variant": run.variant, "seed": str(run.seed), "stage": "train", DIGEST_TAG: digest,
+        **({POINT_TAG: run.point} if run.point else {}),
         "mirrored": "from the stage's files, by the report stage", **dvc_experiment()}).info.run_id
     config = json.loads((run.run_dir / "config.json").read_text())
     params = [Param(k, str(v)[:6000]) for k, v in flatten(config).items()]

@@ -62,6 +62,11 @@ def fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
 
 
+def fmt_sci(x: float | None) -> str:
+    """FLOP counts: three significant digits and an exponent (4.21e+11)."""
+    return MISSING if x is None else f"{x:.3g}"
+
+
 def fmt_int(x: float | None) -> str:
     return MISSING if x is None else f"{round(x):,}"
 
@@ -198,6 +203,10 @@ def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: st
         if budget_parts
         else "Training budget: not stated in params.yaml (no train.budget_tokens / train.budget_steps)."
     )
+    if "budget_flops" in budget:
+        budget_text += (" FLOP-matched: each run's target tokens are budget_flops ÷ its training FLOPs per target "
+                        "token (6 × weights + attention, the count behind MFU), so a variant cheaper per token "
+                        "trains on more tokens (Training cost).")
     rows = []
     for v in variants:
         found = [s for s in seeds if not runs[(v, s)].missing]
@@ -394,12 +403,13 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
     for v in variants:
         devices = sorted({str(runs[(v, s)].train.get("device")) for s in seeds if runs[(v, s)].train})
         rows.append([
-            v, counts(v, "tokens_trained"), counts(v, "steps"), fmt(mean(v, "wall_time_s")),
+            v, counts(v, "tokens_trained"), counts(v, "steps"), fmt_sci(mean(v, "flops_per_token")),
+            fmt_sci(mean(v, "flops_trained")), fmt(mean(v, "wall_time_s")),
             fmt_int(mean(v, "tokens_per_s")), fmt(mean(v, "mfu"), 3), fmt(mean(v, "padding_ratio"), 3),
             ", ".join(devices) or MISSING,
         ])
     return [Heading("Training cost"), Table(
-        ["variant", "tokens trained", "steps", "wall time (s)", "tokens/s", "MFU", "padding ratio", "device"],
+        ["variant", "tokens trained", "steps", "FLOPs / target token", "FLOPs trained", "wall time (s)", "tokens/s", "MFU", "padding ratio", "device"],
         rows, "Training cost (train.json): tokens and steps as min–max over seeds (one value when all "
               "seeds agree), the other columns mean over seeds",
     )]

@@ -126,6 +126,11 @@ def git_revision() -> str | None:
         return None
 
 
+def point_label(point: dict | None) -> str:
+    """A sweep run's place as one word per axis, `lr=0.01` or `scale=wide`; "" for a main run."""
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in (point or {}).items())
+
+
 def live_tracking() -> bool:
     """ABLATION_LAB_MLFLOW_LIVE=1: the train stage mirrors to MLflow as it trains (watch long runs in
     `mlflow ui`). Otherwise the report stage mirrors every run from its files, once, at the end."""

@@ -25,7 +25,7 @@ from pipeline.batching import lm_token_file, load_split, read_manifest
 from pipeline.checkpoint import config_hash, source_hash
 from pipeline.device import choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device
 from pipeline.params import ParamsError, load_params, model_config, resolve_variant, stage_error
-from pipeline.tracking import Tracker, git_revision, live_tracking
+from pipeline.tracking import Tracker, git_revision, live_tracking, point_label
 
 
 # The code a checkpoint is only valid for: the model and the train stage's own modules (its DVC deps).
@@ -40,6 +40,11 @@ def build(model_section: dict, manifest: dict, where: str = "model"):
 
     cfg = model_config(model_section, manifest, where)
     return cfg, build_model(cfg)
+
+
+def run_name(variant: str, seed: int, point: dict | None = None) -> str:
+    """`no_positional-0`, or with a sweep point `no_positional-0 lr=0.01` (MLflow's run name)."""
+    return f"{variant}-{seed}" + (f" {point_label(point)}" if point else "")
 
 
 def csv_text(header: list[str], rows: list[list]) -> str:
@@ -74,22 +79,39 @@ def flops_per_target_token(model, cfg, mean_src: float, mean_tgt: float) -> floa
     return per_token * (1 + src_per_tgt) + head
 
 
+def flops_budget_tokens(budget_flops: float, per_token: float) -> int:
+    """The target tokens `budget_flops` buys at `per_token` FLOPs each (train.budget_flops)."""
+    return max(1, int(budget_flops // per_token))
+
+
 def run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
-        track: bool = True) -> dict:
-    """Train one variant and write its outputs; under torchrun every rank calls this, rank 0 writes."""
+        track: bool = True, point: dict | None = None) -> dict:
+    """Train one variant and write its outputs; under torchrun every rank calls this, rank 0 writes.
+
+    `point` names a sweep run's place ({"lr": 0.01} or {"scale": "wide"}); it is recorded in
+    train.json and config.json and tags the MLflow run.
+    """
     cluster = join_cluster(resolved["train"]["device"])
     try:
-        return _run(shards, variant, seed, resolved, experiment, out, ckpt_dir, track, cluster)
+        return _run(shards, variant, seed, resolved, experiment, out, ckpt_dir, track, cluster, point or {})
     finally:
         leave_cluster()
 
 
+def mean_lengths(train_split, tcfg: dict, lm: bool) -> tuple[float, float]:
+    """Mean source and target tokens per example as trained (the FLOP count's sequence lengths)."""
+    if lm:
+        return 0.0, float(tcfg["context"])
+    n = max(1, len(train_split.src))  # target side as trained: the tokens plus BOS (input) / EOS (label)
+    return sum(map(len, train_split.src)) / n, sum(map(len, train_split.tgt)) / n + 1
+
+
 def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
-         track: bool, cluster) -> dict:
+         track: bool, cluster, point: dict) -> dict:
     manifest = read_manifest(shards)
     torch.manual_seed(seed)  # the initial weights are part of what the seed decides
     cfg, model = build(resolved["model"], manifest, f"ablations.{variant}")
-    tcfg = resolved["train"]
+    tcfg = dict(resolved["train"])
     threads, why = choose_threads(tcfg["threads"])
     torch.set_num_threads(threads)
     if cluster.main:
@@ -112,6 +134,13 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
                             val=load_split(shards, manifest, "validation", limit=tcfg["eval_examples"] * 64),
                             ids=ids, batch_tokens=tcfg["batch_tokens"], batch_size=tcfg["batch_size"],
                             context=tcfg["context"], seed=seed)
+    mean_src, mean_tgt = mean_lengths(train_split, tcfg, data.lm)
+    flops_per_token = flops_per_target_token(model, cfg, mean_src, mean_tgt)
+    if tcfg["budget_flops"] is not None:  # FLOP-matched: this variant's cost per token sets its tokens
+        tcfg["budget_tokens"] = flops_budget_tokens(tcfg["budget_flops"], flops_per_token)
+        if cluster.main:
+            print(f"{variant}-{seed}: train.budget_flops {tcfg['budget_flops']:.3g} at {flops_per_token:,.0f} "
+                  f"FLOPs per target token = {tcfg['budget_tokens']:,} target tokens", flush=True)
     key = {"resolved": resolved, "seed": seed, "tokenizer": manifest["tokenizer_sha256"], "splits": manifest["splits"],
            "code": source_hash(TRAINING_CODE)}
     if cluster.world > 1:
@@ -123,31 +152,39 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     # mirrors every run from these files at the end, sparing each run MLflow's ~2 s start-up.
     tracker = Tracker(enabled=track and cluster.main and live_tracking())
     if tracker.enabled:  # its tags cost a `git rev-parse`: only when they are sent
-        tracker.start(experiment, f"{variant}-{seed}", {
+        tracker.start(experiment, run_name(variant, seed, point), {
             "variant": variant, "seed": seed, "stage": "train", "git_revision": git_revision() or "unknown",
             "tokenizer_sha256": manifest["tokenizer_sha256"], "data_hash": config_hash(manifest["splits"]),
+            **({"point": point_label(point)} if point else {}),
         })
-    tracker.log_params({**resolved, "seed": seed, "variant": variant})
+    tracker.log_params({**resolved, "seed": seed, "variant": variant, **point})
     try:
         result = trainer.train(model, data, tcfg, ckpt_dir, run_hash, tracker=tracker, cluster=cluster)
+    except trainer.NonFiniteLoss as exc:
+        tracker.end("FAILED")
+        if "lr" not in point:
+            raise
+        # In a learning-rate sweep a rate that diverges is a finding, not a broken pipeline: the
+        # run's outputs say so (no model), and the report rules the rate out for this variant.
+        if cluster.main:
+            write_diverged(out, variant, seed, point, resolved, str(exc).splitlines()[0])
+            print(f"{run_name(variant, seed, point)}: diverged ({str(exc).splitlines()[0]}); recorded", flush=True)
+        return {"variant": variant, "seed": seed, **point, "diverged": str(exc)}
     except BaseException:
         tracker.end("FAILED")
         raise
     counts = model.param_counts()
-    if data.lm:
-        mean_src, mean_tgt = 0.0, float(tcfg["context"])
-    else:  # target side as trained: the tokens plus BOS (input) / EOS (label)
-        n = max(1, len(train_split.src))
-        mean_src, mean_tgt = sum(map(len, train_split.src)) / n, sum(map(len, train_split.tgt)) / n + 1
     metrics = {
-        "variant": variant, "seed": seed, "params_total": counts["total"], "params_by_component": counts,
+        "variant": variant, "seed": seed, **point, "params_total": counts["total"], "params_by_component": counts,
         "threads": threads,
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
+        "flops_per_token": flops_per_token, "flops_trained": flops_per_token * result["tokens_trained"],
+        "budget_flops": tcfg["budget_flops"],
     }
     if not cluster.main:
         return metrics
     peak, peak_source = peak_flops(resolve_device(tcfg["device"], cluster))  # one device's peak
-    achieved = flops_per_target_token(model, cfg, mean_src, mean_tgt) * result["tokens_per_s"]
+    achieved = flops_per_token * result["tokens_per_s"]
     metrics.update(achieved_flops_per_s=achieved, peak_flops_per_s=peak, peak_source=peak_source,
                    mfu=achieved / (peak * cluster.world) if peak else None)
     with atomic_path(out) as tmp:
@@ -155,7 +192,8 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         torch.save({"model_config": cfg.__dict__.copy(), "state_dict": model.state_dict()}, tmp / "model.pt")
         (tmp / "train_curve.csv").write_text(csv_text(["step", "tokens", "train_loss", "lr"], result["train_rows"]))
         (tmp / "val_curve.csv").write_text(csv_text(["step", "tokens", "val_loss"], result["val_rows"]))
-        (tmp / "config.json").write_text(json.dumps({"variant": variant, "seed": seed, **resolved}, indent=2) + "\n")
+        config = {"variant": variant, "seed": seed, **point, **resolved}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "train.json").write_text(json.dumps(metrics, indent=2) + "\n")
     tracker.log_metrics({k: metrics[k] for k in ("tokens_per_s", "mfu", "padding_ratio") if metrics[k] is not None},
                         result["steps"])
@@ -163,6 +201,15 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         tracker.log_artifact(out / name)
     tracker.end()
     return metrics
+
+
+def write_diverged(out: Path, variant: str, seed: int, point: dict, resolved: dict, why: str) -> None:
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text(json.dumps({"variant": variant, "seed": seed, **point, **resolved},
+                                                    indent=2) + "\n")
+        (tmp / "train.json").write_text(json.dumps({"variant": variant, "seed": seed, **point, "diverged": why},
+                                                   indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -173,16 +220,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--checkpoints", required=True)
+    parser.add_argument("--lr", type=float, help="a point of lr_sweep: train at this learning rate")
+    parser.add_argument("--scale", help="a key of scales: the baseline at that size, then the variant's diff")
     args = parser.parse_args(argv)
+    point = {k: v for k, v in (("lr", args.lr), ("scale", args.scale)) if v is not None}
     try:
         params = load_params(args.params)
-        resolved = resolve_variant(params, args.variant)
+        resolved = resolve_variant(params, args.variant, args.scale, args.lr)
         metrics = run(Path(args.shards), args.variant, args.seed, resolved, params.report.experiment,
-                      Path(args.out), Path(args.checkpoints))
+                      Path(args.out), Path(args.checkpoints), point=point)
     except (ParamsError, ValueError, OSError, trainer.NonFiniteLoss) as exc:
         raise stage_error("train", exc) from None
-    if int(os.environ.get("RANK", "0")) == 0:  # torchrun: one summary line, not one per rank
-        print(f"{args.variant}-{args.seed}: val_loss {metrics['val_loss']:.4f}, "
+    if int(os.environ.get("RANK", "0")) == 0 and "diverged" not in metrics:  # torchrun: one line, not one per rank
+        print(f"{run_name(args.variant, args.seed, point)}: val_loss {metrics['val_loss']:.4f}, "
               f"{metrics['tokens_trained']} target tokens in {metrics['wall_time_s']:.1f} s")
 
 

@@ -80,3 +80,16 @@ def test_exponent_floats_without_a_dot_are_floats(tmp_path):
     params = load_params(write(tmp_path, "model:\n  norm_eps: 1e-5\ntrain:\n  lr: 3e-4\n"))
     assert params.model["norm_eps"] == 1e-5 and isinstance(params.model["norm_eps"], float)
     assert resolve_variant(params, "baseline")["train"]["lr"] == 3e-4
+
+
+def test_a_scale_resizes_the_baseline_under_the_variant_and_a_sweep_rate_comes_last(tmp_path):
+    params = load_params(write(tmp_path, (
+        "model:\n  d_model: 32\n  n_heads: 2\ntrain:\n  lr: 0.001\nlr_sweep: [0.01]\n"
+        "scales:\n  wide: {model: {d_model: 64, n_heads: 4}, train: {lr: 0.0005}}\n"
+        "ablations:\n  baseline: {}\n  one_head: {model: {n_heads: 1}, train: {lr: 0.002}}\n")))
+    wide = resolve_variant(params, "one_head", "wide")
+    assert (wide["model"]["d_model"], wide["model"]["n_heads"], wide["train"]["lr"]) == (64, 1, 0.002)
+    assert resolve_variant(params, "baseline", "wide")["train"]["lr"] == 0.0005
+    assert resolve_variant(params, "one_head", lr=0.01)["train"]["lr"] == 0.01
+    with pytest.raises(ParamsError, match="scales: no scale named 'tall' \\(have: wide\\)"):
+        resolve_variant(params, "baseline", "tall")

@@ -92,6 +92,19 @@ VALUES = [
     (edit(BASE, "data.local", {"task": "language_modeling", "paths": {"train": "/elsewhere/a.txt"}}),
      "data.local.paths.train: /elsewhere/a.txt is outside"),
     (edit(BASE, "model.n_head", 1), "model.n_head: unknown key (did you mean 'n_heads'?)"),
+    (edit(BASE, "+lr_sweep", [0.01, 0.001]), "params.yaml: lr_sweep: 0.001 is train.lr; the main runs train at it"),
+    (edit(BASE, "+lr_sweep", [0.01, 0.01]), "params.yaml: lr_sweep: 0.01 is listed twice"),
+    (edit(BASE, "+lr_sweep", [0]), "params.yaml: lr_sweep.0: Input should be greater than 0"),
+    (edit(BASE, "+scales", {"wide": {}}), "params.yaml: scales.wide: the baseline's own size"),
+    (edit(BASE, "+scales", {"wide": {"optim": {}}}), "params.yaml: scales.wide.optim: unknown section"),
+    (edit(BASE, "+scales", {"wide": {"model": {"d_modl": 64}}}),
+     "scales.wide.model.d_modl: unknown key (did you mean 'd_model'?)"),
+    (edit(BASE, "+scales", {"wide": {"model": {"d_model": 33}}}),
+     "scales.wide: ModelConfig.d_model (33) must be divisible by n_heads"),
+    (edit(edit(BASE, "+scales", {"wide": {"model": {"d_model": 34}}}), "ablations.x", {"model": {"n_heads": 4}}),
+     "ablations.x at scales.wide: ModelConfig.d_model (34) must be divisible by n_heads (4)"),
+    (edit(edit(BASE, "train.budget_steps", 10), "train.budget_flops", 1e9),
+     "params.yaml: train.budget_flops and train.budget_steps are both set"),
 ]
 
 

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "sources"
 PRESETS = ROOT / "presets"
 SEED_PRESETS = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "nanogpt_shakespeare_char",
-                "cnn_dailymail_cpu", "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu")
+                "cnn_dailymail_cpu", "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu",
+                "multi30k_comparisons_cpu")
 FAST = {"timeout_s": 5.0, "retries": 1}
 # The task metric each preset exists to measure, as eval.json names it.
 TASK_METRICS = {"cnn_dailymail": ("rouge1", "rouge2", "rougeL"), "iwslt2017": ("bleu", "chrf"),
@@ -35,7 +36,8 @@ TASK_METRICS = {"cnn_dailymail": ("rouge1", "rouge2", "rougeL"), "iwslt2017": ("
                 "nanogpt_shakespeare_char": ("bits_per_char", "bits_per_byte")}
 TASK_METRICS.update({"cnn_dailymail_cpu": TASK_METRICS["cnn_dailymail"], "multi30k_cpu": TASK_METRICS["iwslt2017"],
                      "tiny_shakespeare_cpu": TASK_METRICS["tiny_shakespeare"],
-                     "tinystories_cpu": TASK_METRICS["tinystories"]})
+                     "tinystories_cpu": TASK_METRICS["tinystories"],
+                     "multi30k_comparisons_cpu": TASK_METRICS["iwslt2017"]})
 
 
 # -- fixture data, served as each source's real files are -----------------------------------
@@ -113,7 +115,8 @@ def local_multi30k(local: Path) -> None:
                 f.write("".join(row[lang] + "\n" for row in rows))
 
 
-LOCAL = {"cnn_dailymail_cpu": local_cnn, "tinystories_cpu": local_tinystories, "multi30k_cpu": local_multi30k}
+LOCAL = {"cnn_dailymail_cpu": local_cnn, "tinystories_cpu": local_tinystories, "multi30k_cpu": local_multi30k,
+         "multi30k_comparisons_cpu": local_multi30k}
 
 
 # -- the conftest-style shrink ----------------------------------------------------------------
@@ -143,22 +146,27 @@ def shrink(params: dict, source_options: dict, cache: Path) -> dict:
         tiny["train_bpe"] = {"vocab_size": 150}
     deep_update(params, tiny)
     params["data"][params["data"]["source"]].pop("sha256", None)  # fixtures are not the pinned files
-    for overrides in params["ablations"].values():  # an ablation that resizes the model, at toy size
+    if params["train"].get("budget_flops"):  # a FLOP budget stays one, at a few steps' worth
+        del params["train"]["budget_steps"]
+        params["train"]["budget_flops"] = 2e8
+    for overrides in [*params["ablations"].values(), *params["scales"].values()]:  # resizing, at toy size
         if "d_model" in (overrides or {}).get("model", {}):
-            overrides["model"].update(d_model=16, d_ff=32)
+            overrides["model"].update(d_model=16 if overrides["model"]["d_model"] <= 64 else 48,
+                                      d_ff=32 if overrides["model"]["d_model"] <= 64 else 96)
     return params
 
 
 # -- dvc.yaml, run in-process ---------------------------------------------------------------
 def stage_commands(params: dict) -> list[tuple[str, str]]:
-    """(stage, command line) in dvc.yaml order, the train/evaluate matrices expanded."""
+    """(stage, command line) in dvc.yaml order, the matrices expanded as DVC does (a mapping
+    gives its keys; an empty list, no stage)."""
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     out = []
     for name, stage in stages.items():
         cmds = [stage["cmd"]]
-        if "matrix" in stage:
-            cmds = [stage["cmd"].replace("${item.variant}", v).replace("${item.seed}", str(s))
-                    for v in params["ablations"] for s in params["seeds"]]
+        for key, ref in (stage.get("matrix") or {}).items():
+            values = params[ref.removeprefix("${").removesuffix("}")]
+            cmds = [cmd.replace(f"${{item.{key}}}", str(v)) for cmd in cmds for v in values]
         out += [(name, cmd) for cmd in cmds]
     return out
 
@@ -210,7 +218,7 @@ def test_preset_runs_every_stage_and_reports_its_task_metric(name, project, caps
                 run_stage(cmd)
 
     task = {"cnn_dailymail": "summarization", "iwslt2017": "translation", "cnn_dailymail_cpu": "summarization",
-            "multi30k_cpu": "translation"}.get(name, "language_modeling")
+            "multi30k_cpu": "translation", "multi30k_comparisons_cpu": "translation"}.get(name, "language_modeling")
     for variant in params["ablations"]:
         run_dir = f"{variant}-{params['seeds'][0]}"
         ev = json.loads(Path("data/eval", run_dir, "eval.json").read_text())
@@ -236,6 +244,11 @@ def test_preset_runs_every_stage_and_reports_its_task_metric(name, project, caps
             assert summary[variant][metric]["mean"] == pytest.approx(ev[metric]), (variant, metric)
             assert f" {metric} " in header
         assert len(row.split("|")) == len(header.split("|"))
+    # The sweep stages ran too: every variant at each further rate and size, in the report.
+    assert ("## Fair learning rates" in report) == bool(params["lr_sweep"])
+    assert ("## Across scales" in report) == bool(params["scales"])
+    if params["train"].get("budget_flops"):
+        assert "FLOP-matched" in report
 
 
 # -- the command itself -------------------------------------------------------------------------

@@ -57,6 +57,35 @@ def test_every_variant_gets_the_same_token_budget(tiny_shards):
     assert len({m["steps"] for m in out.values()}) == 1
 
 
+def test_a_flop_budget_gives_a_variant_cheaper_per_token_more_tokens(tiny_shards, tmp_path):
+    shards = tiny_shards / "shards"
+    out = {name: run(shards, name, 0, resolved(model, budget_flops=2e9), "x", tmp_path / f"r-{name}", tmp_path / f"c-{name}")
+           for name, model in {"base": {}, "wide_ffn": {"d_ff": 256}}.items()}
+    base, wide = out["base"], out["wide_ffn"]
+    assert wide["flops_per_token"] > 1.5 * base["flops_per_token"]
+    assert base["tokens_trained"] > 1.5 * wide["tokens_trained"]
+    for m in out.values():  # each trains to the budget, give or take its last step's tokens
+        assert m["tokens_trained"] >= int(2e9 // m["flops_per_token"])
+        assert 2e9 <= m["flops_trained"] < 2e9 + 600 * m["flops_per_token"]
+
+
+def test_a_diverging_sweep_rate_is_recorded_and_evaluated_as_diverged(tiny_shards, tmp_path):
+    from pipeline.evaluate import evaluate
+    from pipeline.params import EvaluateParams
+
+    settings = resolved(lr=1e30, clip_grad_norm=None, warmup_steps=0, schedule="constant")
+    with pytest.raises(trainer.NonFiniteLoss):  # a main run that diverges stops the pipeline
+        run(tiny_shards / "shards", "v", 0, settings, "x", tmp_path / "main", tmp_path / "c-main")
+    info = run(tiny_shards / "shards", "v", 0, settings, "x", tmp_path / "lr", tmp_path / "c-lr", point={"lr": 1e30})
+    assert info["diverged"].startswith("non-finite")
+    written = json.loads((tmp_path / "lr" / "train.json").read_text())
+    assert written["lr"] == 1e30 and written["diverged"].startswith("non-finite") and not (tmp_path / "lr" / "model.pt").exists()
+    ev = evaluate(tiny_shards / "shards", tiny_shards / "tokenizer", tmp_path / "lr", tmp_path / "eval", EvaluateParams(),
+                  600, 64, 8)
+    assert ev["diverged"] == written["diverged"] and "val_loss" not in ev
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text()) == ev
+
+
 def test_same_seed_same_metrics_different_seed_different(tiny_shards):
     shards = tiny_shards / "shards"
     a = run(shards, "v", 1, resolved(), "x", tiny_shards / "a", tiny_shards / "ca")

@@ -23,6 +23,8 @@ TINY = {
     "report": {"baseline": "baseline"},
     "seeds": [0, 1],
     "ablations": {"baseline": {}, "no_positional": {"model": {"positional": "none"}}},
+    "lr_sweep": [],
+    "scales": {},
 }
 
 
