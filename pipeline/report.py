@@ -61,7 +61,7 @@ def render_report(
     baseline: str, budget: Mapping[str, object], out_dir: Path,
     notes: Sequence[str] = (), reference: Mapping | None = None, primary_metric: str | None = None,
     lr_sweep: Sequence[float] = (), main_lr: Mapping[str, float] | None = None, scales: Sequence[str] = (),
-) -> dict[str, dict[str, str]]:
+) -> list[RunFiles]:
     """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
 
     `out_dir` is replaced as a whole: it is the report stage's one output.
@@ -124,25 +124,28 @@ def render_report(
             with atomic_path(out_dir / item.name) as dst:
                 os.replace(item, dst)
 
-    # The main runs, then each sweep run (its folder and MLflow name carry its point).
-    where = {(v, s, ""): (Path(runs_dir), Path(evals_dir), f"{v}-{s}", run) for (v, s), run in runs.items()}
-    for lr in lr_sweep:
-        for (v, s) in runs:
-            if float(lr) != float((main_lr or {}).get(v, -1)):
-                where[(v, s, point_label({"lr": float(lr)}))] = (Path(runs_dir) / "lr", Path(evals_dir) / "lr",
-                                                                f"{v}-{s}-{lr}", None)
-    for sc in scales:
-        for (v, s) in runs:
-            where[(v, s, point_label({"scale": sc}))] = (Path(runs_dir) / "scale", Path(evals_dir) / "scale",
-                                                        f"{v}-{s}-{sc}", None)
-    mirror = []
-    for (variant, seed, point), (rdir, edir, name, run) in where.items():
-        train = run.train if run is not None else read_json(rdir / name / "train.json", dict)
+    return run_files(Path(runs_dir), Path(evals_dir), runs, lr_sweep, main_lr or {}, scales)
+
+
+def run_files(runs_dir: Path, evals_dir: Path, runs, lr_sweep: Sequence[float], main_lr: Mapping[str, float],
+              scales: Sequence[str]) -> list[RunFiles]:
+    """Every trained run's folders for the MLflow mirror: the main runs, then each sweep run (its
+    folder and MLflow name carry its point). Diverged sweep runs have nothing to mirror."""
+    where = {(v, s, ""): (runs_dir, evals_dir, f"{v}-{s}", run.train) for (v, s), run in runs.items()}
+    for (v, s) in runs:
+        for lr in lr_sweep:
+            if float(lr) != float(main_lr.get(v, -1)):
+                where[(v, s, point_label({"lr": float(lr)}))] = (runs_dir / "lr", evals_dir / "lr", f"{v}-{s}-{lr}", None)
+        for sc in scales:
+            where[(v, s, point_label({"scale": sc}))] = (runs_dir / "scale", evals_dir / "scale", f"{v}-{s}-{sc}", None)
+    out = []
+    for (variant, seed, point), (rdir, edir, name, train) in where.items():
+        train = train if train is not None else read_json(rdir / name / "train.json", dict)
         if train and not train.get("diverged"):
             live = train.get("mlflow_run_id")
-            mirror.append(RunFiles(variant, seed, rdir / name, edir / name,
-                                   live if isinstance(live, str) and live else None, point))
-    return mirror
+            out.append(RunFiles(variant, seed, rdir / name, edir / name,
+                                live if isinstance(live, str) and live else None, point))
+    return out
 
 
 def _read_params(path: Path) -> dict:
