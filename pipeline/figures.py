@@ -142,6 +142,16 @@ def plot_deltas(
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
 
 
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+    """Labels, grid and legend of a one-panel figure, then the PNG."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+
+
 def plot_params_vs_loss(
     points: Mapping[str, list[tuple[float, float]]], colors: Mapping, path: Path
 ) -> None:
@@ -165,12 +175,7 @@ def plot_params_vs_loss(
                     fontsize=8, color=color)
     ax.margins(x=0.12)  # room for the labels of the outermost variants
     ax.xaxis.set_major_formatter(EngFormatter())
-    ax.set_xlabel("parameters (total)")
-    ax.set_ylabel("validation loss")
-    ax.set_title("Parameters vs validation loss")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    _finish(fig, ax, "parameters (total)", "validation loss", "Parameters vs validation loss", path)
 
 
 def _token_ticks(ax, axis: str, tokens: Sequence | None, size: int) -> None:
@@ -215,12 +220,8 @@ def plot_lr_sweep(points: Mapping[str, list[tuple[float, list[float], bool]]], c
             if chosen:
                 ax.plot([lr], [s.mean], marker="*", ms=16, color=colors[variant], markeredgecolor="black")
     ax.set_xscale("log")
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("validation loss")
-    ax.set_title("Validation loss vs learning rate (★ = each variant's chosen rate)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    _finish(fig, ax, "learning rate", "validation loss", "Validation loss vs learning rate (★ = each variant's chosen rate)",
+            path)
 
 
 def plot_delta_vs_params(points: Mapping[str, list[tuple[float, Delta]]], metric: str, baseline: str,
@@ -237,9 +238,5 @@ def plot_delta_vs_params(points: Mapping[str, list[tuple[float, Delta]]], metric
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(EngFormatter())
-    ax.set_xlabel(f"parameters of {baseline} at each size")
-    ax.set_ylabel(f"Δ {metric} (variant − {baseline})")
-    ax.set_title(f"Effect of each ablation across sizes (Δ {metric})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    _finish(fig, ax, f"parameters of {baseline} at each size", f"Δ {metric} (variant − {baseline})",
+            f"Effect of each ablation across sizes (Δ {metric})", path)

@@ -68,9 +68,8 @@ def validate(path: Path) -> Params:
     from model import ModelConfig
 
     params = load_params(path)
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     for key in DVC_READS:
-        if key not in raw:
+        if key not in params.model_fields_set:  # written in the file, not a default
             raise ParamsError(f"{path}: {key}: missing; dvc.yaml lays out its stages from it "
                               f"(write `{key}: {'[]' if key == 'lr_sweep' else '{}'}` to leave it off)")
     try:

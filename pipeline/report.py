@@ -38,7 +38,7 @@ from pipeline.figures import variant_colors
 from pipeline.params import ReportParams, TrainParams, read_yaml
 from pipeline.report_dvc import curve_tables, metrics_summary
 from pipeline.report_figures import figure_blocks
-from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs, read_json
+from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
 from pipeline.report_mlflow import RunFiles, mirror_runs
 from pipeline.report_render import Paragraph, to_html, to_markdown
 from pipeline.report_tables import (
@@ -47,7 +47,6 @@ from pipeline.report_tables import (
     reference_blocks, results_blocks, unigram_plateau,
     samples_blocks, setup_blocks,
 )
-from pipeline.tracking import point_label
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +76,15 @@ def render_report(
     results = compute_results(runs, variants, seeds, baseline, primary_metric)
     plateau = unigram_plateau(runs)
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
+    main_lr = dict(main_lr or {})  # each variant's train.lr; needed with lr_sweep
+    sweeps = report_sweeps.load_sweeps(runs_dir, evals_dir, variants, seeds, lr_sweep, main_lr, scales)
     fair = scaled = None
     if lr_sweep:
-        grid = report_sweeps.lr_grid(runs_dir, evals_dir, runs, variants, seeds, lr_sweep, main_lr or {})
-        fair = report_sweeps.fair_lr_results(grid, baseline, runs, main_lr or {})
+        grid = report_sweeps.lr_grid(runs, sweeps, variants, seeds, main_lr)
+        fair = report_sweeps.fair_lr_results(grid, baseline, runs, main_lr)
     if scales:
-        by_scale = report_sweeps.scale_runs(runs_dir, evals_dir, runs, variants, seeds, scales)
-        scaled = report_sweeps.scale_results(by_scale, variants, seeds, baseline, results.primary)
+        scaled = report_sweeps.scale_results(report_sweeps.scale_runs(runs, sweeps), variants, seeds, baseline,
+                                             results.primary)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -124,26 +125,19 @@ def render_report(
             with atomic_path(out_dir / item.name) as dst:
                 os.replace(item, dst)
 
-    return run_files(Path(runs_dir), Path(evals_dir), runs, lr_sweep, main_lr or {}, scales)
+    return run_files(Path(runs_dir), Path(evals_dir), runs, sweeps)
 
 
-def run_files(runs_dir: Path, evals_dir: Path, runs, lr_sweep: Sequence[float], main_lr: Mapping[str, float],
-              scales: Sequence[str]) -> list[RunFiles]:
+def run_files(runs_dir: Path, evals_dir: Path, runs, sweeps) -> list[RunFiles]:
     """Every trained run's folders for the MLflow mirror: the main runs, then each sweep run (its
-    folder and MLflow name carry its point). Diverged sweep runs have nothing to mirror."""
-    where = {(v, s, ""): (runs_dir, evals_dir, f"{v}-{s}", run.train) for (v, s), run in runs.items()}
-    for (v, s) in runs:
-        for lr in lr_sweep:
-            if float(lr) != float(main_lr.get(v, -1)):
-                where[(v, s, point_label({"lr": float(lr)}))] = (runs_dir / "lr", evals_dir / "lr", f"{v}-{s}-{lr}", None)
-        for sc in scales:
-            where[(v, s, point_label({"scale": sc}))] = (runs_dir / "scale", evals_dir / "scale", f"{v}-{s}-{sc}", None)
+    MLflow name carries its point). Diverged sweep runs have nothing to mirror."""
+    found = [(run, runs_dir / f"{v}-{s}", evals_dir / f"{v}-{s}", "") for (v, s), run in runs.items()]
+    found += [(sr.run, sr.run_dir, sr.eval_dir, sr.label) for sr in sweeps]
     out = []
-    for (variant, seed, point), (rdir, edir, name, train) in where.items():
-        train = train if train is not None else read_json(rdir / name / "train.json", dict)
-        if train and not train.get("diverged"):
-            live = train.get("mlflow_run_id")
-            out.append(RunFiles(variant, seed, rdir / name, edir / name,
+    for run, run_dir, eval_dir, point in found:
+        if run.train and not run.train.get("diverged"):
+            live = run.train.get("mlflow_run_id")
+            out.append(RunFiles(run.variant, run.seed, run_dir, eval_dir,
                                 live if isinstance(live, str) and live else None, point))
     return out
 

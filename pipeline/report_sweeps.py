@@ -26,6 +26,7 @@ from pipeline.report_inputs import Run, load_run, number, values_by_seed
 from pipeline.report_render import Block, Figure, Heading, Paragraph, Table
 from pipeline.report_tables import DERIVED, MAIN_METRIC_PRIORITY, MISSING, arrow, fmt, fmt_int, fmt_p, fmt_summary
 from pipeline.stats import ALPHA, Delta, higher_is_better, holm, paired_delta, summarize, verdict_for
+from pipeline.tracking import point_label
 
 SELECTION_METRIC = "val_loss"  # the one number a learning rate is chosen by
 BASE_SCALE = "params.yaml"  # the main runs' size, the first point of the scale comparison
@@ -72,22 +73,47 @@ def ci(d: Delta) -> str:
 
 # ---------------------------------------------------------------- fair learning rates
 
-def lr_grid(runs_dir: Path, evals_dir: Path, main_runs: Mapping[tuple[str, int], Run], variants: Sequence[str],
-            seeds: Sequence[int], sweep: Sequence[float], main_lr: Mapping[str, float]) -> dict[str, list[RatePoint]]:
-    """variant -> its points by rising rate: the main runs at main_lr[variant], then each sweep rate.
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of a sweep stage: `kind` "lr" or "scale", `value` as params.yaml holds it."""
 
-    A sweep run's folder is named as DVC writes the rate (`str` of the value params.yaml holds).
-    """
-    grid = {}
+    kind: str
+    value: float | str
+    run_dir: Path
+    eval_dir: Path
+    run: Run
+
+    @property
+    def label(self) -> str:
+        """Its MLflow point, `lr=0.01` or `scale=wide` (pipeline.tracking.point_label)."""
+        return point_label({self.kind: float(self.value) if self.kind == "lr" else self.value})
+
+
+def load_sweeps(runs_dir: Path, evals_dir: Path, variants: Sequence[str], seeds: Sequence[int],
+                lr_sweep: Sequence[float], main_lr: Mapping[str, float], scales: Sequence[str]) -> list[SweepRun]:
+    """Every sweep run's files, read once. A folder is named as DVC writes the matrix value (`str`
+    of what params.yaml holds): data/runs/lr/<variant>-<seed>-0.01, data/runs/scale/<...>-wide.
+    A variant that sets its own train.lr has its main runs at that rate, not a sweep point."""
+    out = []
     for v in variants:
-        points = [RatePoint(float(main_lr[v]), {s: main_runs[(v, s)] for s in seeds})]
-        for lr in sweep:
-            if float(lr) == float(main_lr[v]):  # a variant that sets its own lr may meet a sweep rate
-                continue
-            points.append(RatePoint(float(lr), {s: load_run(Path(runs_dir) / "lr", Path(evals_dir) / "lr", v, s, str(lr))
-                                                for s in seeds}))
-        grid[v] = sorted(points, key=lambda p: p.lr)
-    return grid
+        points = [("lr", lr) for lr in lr_sweep if float(lr) != float(main_lr[v])] + [("scale", sc) for sc in scales]
+        for kind, value in points:
+            for seed in seeds:
+                runs, evals = Path(runs_dir) / kind, Path(evals_dir) / kind
+                name = f"{v}-{seed}-{value}"
+                out.append(SweepRun(kind, value, runs / name, evals / name, load_run(runs, evals, v, seed, str(value))))
+    return out
+
+
+def lr_grid(main_runs: Mapping[tuple[str, int], Run], sweeps: Sequence[SweepRun], variants: Sequence[str],
+            seeds: Sequence[int], main_lr: Mapping[str, float]) -> dict[str, list[RatePoint]]:
+    """variant -> its points by rising rate: the main runs at main_lr[variant] and each sweep rate."""
+    grid = {v: {float(main_lr[v]): RatePoint(float(main_lr[v]), {s: main_runs[(v, s)] for s in seeds})}
+            for v in variants}
+    for sr in sweeps:
+        if sr.kind == "lr":
+            grid[sr.run.variant].setdefault(float(sr.value), RatePoint(float(sr.value), {})).runs[sr.run.seed] = sr.run
+    return {v: [points[lr] for lr in sorted(points)] for v, points in grid.items()}
 
 
 def validation_losses(grid: Mapping[str, Sequence[RatePoint]]) -> dict[str, dict[float, dict[int, float | None]]]:
@@ -244,13 +270,13 @@ def fair_lr_summary(res: FairLR) -> dict:
 
 # ---------------------------------------------------------------- across scales
 
-def scale_runs(runs_dir: Path, evals_dir: Path, main_runs: Mapping[tuple[str, int], Run], variants: Sequence[str],
-               seeds: Sequence[int], scales: Sequence[str]) -> dict[str, dict[tuple[str, int], Run]]:
+def scale_runs(main_runs: Mapping[tuple[str, int], Run],
+               sweeps: Sequence[SweepRun]) -> dict[str, dict[tuple[str, int], Run]]:
     """scale -> (variant, seed) -> run; BASE_SCALE holds the main runs (params.yaml's own model)."""
     out = {BASE_SCALE: dict(main_runs)}
-    for sc in scales:
-        out[sc] = {(v, s): load_run(Path(runs_dir) / "scale", Path(evals_dir) / "scale", v, s, sc)
-                   for v in variants for s in seeds}
+    for sr in sweeps:
+        if sr.kind == "scale":
+            out.setdefault(str(sr.value), {})[(sr.run.variant, sr.run.seed)] = sr.run
     return out
 
 

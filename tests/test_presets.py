@@ -306,3 +306,11 @@ def test_a_bad_preset_is_refused_and_params_yaml_left_alone(tmp_path, edit, mess
 def test_unknown_preset_names_the_available_ones(tmp_path):
     with pytest.raises(SystemExit, match=r"no preset 'nope' in .*\(available: .*tinystories"):
         preset.main(["nope", "--params", str(tmp_path / "params.yaml"), "--presets-dir", str(PRESETS)])
+
+
+def test_a_preset_without_a_key_the_dvc_matrices_read_is_refused(tmp_path):
+    text = (PRESETS / "synthetic.yaml").read_text()
+    assert "\nlr_sweep: []\n" in text
+    (tmp_path / "x.yaml").write_text(text.replace("\nlr_sweep: []\n", "\n"))
+    with pytest.raises(ParamsError, match=r"x\.yaml: lr_sweep: missing; dvc\.yaml lays out its stages from it"):
+        preset.validate(tmp_path / "x.yaml")
