@@ -35,9 +35,9 @@ from torch import Tensor, nn
 from benchmarks.model_speed import time_interleaved
 from model import ModelConfig, build_model
 from pipeline.atomic import atomic_path
-from pipeline.device import autocast, peak_flops
-from pipeline.optim import make_optimizer
 from pipeline.train import flops_per_target_token
+from pipeline.training.device import autocast, peak_flops
+from pipeline.training.optim import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_SMALL = dict(vocab_size=50304, d_model=768, n_heads=12, n_layers=12, d_ff=3072, context=1024)

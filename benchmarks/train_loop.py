@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline import trainer
-from pipeline.batching import lm_batches, lm_collate, lm_token_file, load_split, read_manifest, seq2seq_batches
-from pipeline.device import autocast, resolve_device
-from pipeline.optim import make_optimizer
 from pipeline.params import FilterParams, TrainBpeParams, TrainParams
+from pipeline.training import trainer
+from pipeline.training.batching import lm_batches, lm_collate, lm_token_file, load_split, read_manifest, seq2seq_batches
+from pipeline.training.device import autocast, resolve_device
+from pipeline.training.optim import make_optimizer
 
 LOADER_TARGET = 20  # loader tokens/s over training tokens/s
 

@@ -8,16 +8,31 @@ when the model's max_len is reached. Dropout is off while decoding.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from model.transformer import TransformerBase
+from model.config import ModelConfig
+
+
+class Decodable(Protocol):
+    """What decoding needs of a model (TransformerBase has it). Typed here rather than imported, so
+    that transformer.py can offer `model.generate(...)` without the two modules importing each other."""
+    cfg: ModelConfig
+    training: bool
+
+    def parameters(self) -> Any: ...
+    def eval(self) -> Any: ...
+    def train(self, mode: bool = True) -> Any: ...
+    def start_decoding(self, src: Tensor, use_cache: bool = True) -> Any: ...
+    def decode_step(self, state: Any, tokens: Tensor) -> Tensor: ...
+    def prompt_len(self, src: Tensor) -> int: ...
 
 STRATEGIES = ("greedy", "beam", "sample")
 
 
-def generate(model: TransformerBase, src: Tensor | None, max_new_tokens: int = 64,
+def generate(model: Decodable, src: Tensor | None, max_new_tokens: int = 64,
              strategy: str = "greedy", beam_size: int = 4, length_penalty: float = 1.0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              generator: torch.Generator | None = None, use_cache: bool = True) -> list[list[int]]:
@@ -52,7 +67,7 @@ def generate(model: TransformerBase, src: Tensor | None, max_new_tokens: int = 6
     return [_trim(row, model.cfg.eos_id, model.cfg.pad_id) for row in tokens.tolist()]
 
 
-def _budget(model: TransformerBase, src: Tensor, max_new_tokens: int) -> int:
+def _budget(model: Decodable, src: Tensor, max_new_tokens: int) -> int:
     """Tokens we may generate: feeding n tokens after the prompt needs prompt + n <= max_len."""
     return max(0, min(max_new_tokens, model.cfg.max_len - model.prompt_len(src)))
 
@@ -80,7 +95,7 @@ def _sampler(temperature: float, top_k: int, top_p: float,
     return pick
 
 
-def decode_loop(model: TransformerBase, src: Tensor, max_new_tokens: int,
+def decode_loop(model: Decodable, src: Tensor, max_new_tokens: int,
                 pick: Callable[[Tensor], Tensor], use_cache: bool = True) -> tuple[Tensor, Tensor]:
     """One token per row per step chosen by `pick(logits)`; rows that finished get pad.
 
@@ -105,7 +120,7 @@ def decode_loop(model: TransformerBase, src: Tensor, max_new_tokens: int,
     return torch.stack(out, dim=1), torch.stack(step_logits, dim=1)
 
 
-def beam_search(model: TransformerBase, src: Tensor, max_new_tokens: int, beam_size: int,
+def beam_search(model: Decodable, src: Tensor, max_new_tokens: int, beam_size: int,
                 length_penalty: float, use_cache: bool = True) -> Tensor:
     """Returns the best hypothesis per row (B, n), padded after eos.
 

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from model.attention import MultiHeadAttention
 from model.config import ModelConfig
+from model.generate import generate
 from model.layers import FeedForward, LayerCache
 from model.positions import AbsolutePositions, RelativePositionBias
 
@@ -140,8 +141,6 @@ class TransformerBase(nn.Module):
         See model.generate.generate for the strategies. src None: one unconditional sequence
         (decoder-only archs).
         """
-        from model.generate import generate  # local import: generate.py imports this module's types
-
         return generate(self, src, max_new_tokens=max_new_tokens, strategy=strategy,
                         beam_size=beam_size, length_penalty=length_penalty, temperature=temperature,
                         top_k=top_k, top_p=top_p, generator=generator, use_cache=use_cache)

@@ -17,8 +17,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.atomic import atomic_write_text
-from pipeline.params import (Params, ParamsError, load_params, model_config, model_fields, resolve_variant,
-                             stage_error)
+from pipeline.params import Params, ParamsError, load_params, model_config, model_fields, resolve_variant, stage_error
 
 STAMP = "params.yaml: every key valid (pipeline/check_params.py)\n"
 
@@ -26,7 +25,8 @@ STAMP = "params.yaml: every key valid (pipeline/check_params.py)\n"
 def check(params: Params, local_root: Path) -> None:
     """Raise ParamsError/ValueError naming the first bad key."""
     from pipeline.download import check_local_paths
-    from pipeline.sources import SOURCES, parse_options
+    from pipeline.sources import SOURCES
+    from pipeline.sources.common import parse_options
 
     for name, options in (params.data.model_extra or {}).items():
         parse_options(SOURCES[name].Options, options, name)

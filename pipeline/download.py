@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 
 from pipeline.atomic import atomic_path, atomic_write_json
-from pipeline.fetch import default_cache_dir
 from pipeline.params import ParamsError, load_params, stage_error
 from pipeline.sources import synthetic
+from pipeline.sources.http import default_cache_dir
 
 
 def write_synthetic(out_dir: Path, n_examples: int, seed: int) -> None:

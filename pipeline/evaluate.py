@@ -6,7 +6,7 @@
 Task metrics come from the reference libraries: ROUGE-1/2/L and ROUGE-Lsum F1 (rouge-score) for
 summarization, BLEU and chrF (sacrebleu) for translation, always against the dataset's raw
 reference text (kept in the shards), never against ids decoded back. Generated outputs are also
-checked for degeneracy (pipeline.output_checks): eval.json's `degenerate` lists what looks wrong.
+checked for degeneracy (pipeline.scoring.output_checks): eval.json's `degenerate` lists what looks wrong.
 Language modelling reports bits per token, character and UTF-8 byte of the test text, and
 sampled continuations of the first test documents.
 MLflow receives these metrics and files from the report stage (in the run the train stage opened).
@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import pickle
-import re
 import zipfile
 from pathlib import Path
 
@@ -38,14 +37,15 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from pipeline import trainer
 from pipeline.atomic import atomic_path
-from pipeline.batching import Split, collate, load_split, load_texts, read_manifest
-from pipeline.batching import lm_stream as training_stream
-from pipeline.device import choose_threads, resolve_device
-from pipeline.output_checks import flags, output_stats
 from pipeline.params import EvaluateParams, ParamsError, TrainParams, load_params, stage_error
+from pipeline.scoring.metrics import task_metrics
+from pipeline.scoring.output_checks import flags, output_stats
 from pipeline.train_bpe import load_tokenizer
+from pipeline.training import trainer
+from pipeline.training.batching import Split, collate, load_split, load_texts, read_manifest
+from pipeline.training.batching import lm_stream as training_stream
+from pipeline.training.device import choose_threads, resolve_device
 
 # (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
 ATTENTION_TOKENS = 64  # LM attention map: the first tokens of a validation document
@@ -135,39 +135,6 @@ def decode(model, split, texts: tuple[list[str], list[str]], ids: dict, cfg: Eva
             references.append(texts[1][i])
             predictions.append(sp.decode(list(tokens)))
     return sources, references, predictions
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def sentences(text: str) -> str:
-    """Newline-separated sentences for ROUGE-Lsum: the text's own lines (CNN/DailyMail highlights
-    are one per line); a text without line breaks is split after . ! ? followed by a space."""
-    lines = [line.strip() for line in text.split("\n") if line.strip()]
-    if len(lines) > 1:
-        return "\n".join(lines)
-    return "\n".join(s for s in _SENTENCE_END.split(text.strip()) if s)
-
-
-ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
-
-
-def task_metrics(task: str, references: list[str], predictions: list[str]) -> dict:
-    if task == "summarization":
-        from rouge_score import rouge_scorer
-
-        # rougeL: one LCS over the whole summary; rougeLsum: summary-level LCS over its sentences
-        # (newline-separated), the variant published CNN/DailyMail numbers use.
-        scorer = rouge_scorer.RougeScorer(list(ROUGE), use_stemmer=True)
-        scores = [scorer.score(sentences(r), sentences(p)) for r, p in zip(references, predictions)]
-        return {k: sum(s[k].fmeasure for s in scores) / max(1, len(scores)) for k in ROUGE}
-    if task == "translation":
-        import sacrebleu
-
-        # Detokenized text against one reference each, sacrebleu's defaults (13a, chrF n=6 beta=2).
-        return {"bleu": sacrebleu.corpus_bleu(predictions, [references]).score,
-                "chrf": sacrebleu.corpus_chrf(predictions, [references]).score}
-    return {}
 
 
 def attention_example(model, split, ids: dict, sp, device: torch.device) -> dict:

@@ -181,7 +181,7 @@ class ReportParams(Section):
     notes: list[str] = []  # printed in the report's setup: what a preset matched, what differs
     reference: Reference | None = None
     # The one metric whose paired test vs the baseline is not corrected for multiplicity; None:
-    # val_loss (pipeline.report_tables.DEFAULT_PRIMARY says why). The others are Holm-corrected.
+    # val_loss (pipeline.reporting.tables.DEFAULT_PRIMARY says why). The others are Holm-corrected.
     primary_metric: str | None = None
 
 

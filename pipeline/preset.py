@@ -56,7 +56,8 @@ def source_task(params: Params) -> str:
     source = params.data.source
     if source == "synthetic":
         return "summarization"
-    from pipeline.sources import get_source, parse_options
+    from pipeline.sources import get_source
+    from pipeline.sources.common import parse_options
 
     module = get_source(source)
     opts = parse_options(module.Options, dict(params.data.model_extra or {}).get(source), source)

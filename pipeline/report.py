@@ -7,13 +7,13 @@ Design decisions:
 - Reads only the stage outputs (train.json, curves, eval.json, samples, attention, filter.json);
   every number in the report comes from those files. A missing file or value is shown as missing
   (—), never as zero; an unreadable file stops the stage with one line naming it (exit code 1).
-- Statistics are in pipeline.stats (t-intervals over seeds, paired t-test vs the baseline, power,
+- Statistics are in pipeline.reporting.stats (t-intervals over seeds, paired t-test vs the baseline, power,
   Holm). One primary metric (report.primary_metric) is tested uncorrected, the other metrics are
   Holm-corrected as one family, and metrics derived from another (ppl, bits) get no verdict.
 - The outputs are built in a temporary directory and swapped in at the end, each atomically, so a
   failure leaves the previous report intact instead of a half-written one. Only the stage's own
   outputs are replaced: reports/studies/ (committed study reports) lives beside them.
-- MLflow only mirrors (pipeline.report_mlflow): each training run is a top-level run (so `mlflow ui`
+- MLflow only mirrors (pipeline.reporting.mlflow_mirror): each training run is a top-level run (so `mlflow ui`
   lists every variant x seed), created from the stages' files unless the train stage mirrored it
   live, and one `report` run holds the report as artifacts. Any MLflow failure is a warning; the
   report on disk is the result.
@@ -32,20 +32,18 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from pipeline import report_sweeps
 from pipeline.atomic import atomic_path
-from pipeline.figures import variant_colors
 from pipeline.params import ReportParams, TrainParams, read_yaml
-from pipeline.report_dvc import curve_tables, metrics_summary
-from pipeline.report_figures import figure_blocks
-from pipeline.report_inputs import ReportInputError, load_filter_metrics, load_runs
-from pipeline.report_mlflow import RunFiles, mirror_runs
-from pipeline.report_render import Paragraph, to_html, to_markdown
-from pipeline.report_tables import (
-    BASE_METRICS, DERIVED, TASK_METRICS,
-    compute_results, cost_blocks, data_blocks, output_blocks, params_blocks, per_run_blocks, plateau_blocks,
-    reference_blocks, results_blocks, unigram_plateau,
-    samples_blocks, setup_blocks,
+from pipeline.reporting import sweeps
+from pipeline.reporting.dvc_files import curve_tables, metrics_summary
+from pipeline.reporting.figures import figure_blocks
+from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs
+from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs
+from pipeline.reporting.plots import variant_colors
+from pipeline.reporting.render import Paragraph, to_html, to_markdown
+from pipeline.reporting.tables import (
+    BASE_METRICS, DERIVED, TASK_METRICS, compute_results, cost_blocks, data_blocks, output_blocks, params_blocks,
+    per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks, setup_blocks, unigram_plateau,
 )
 
 log = logging.getLogger(__name__)
@@ -65,7 +63,7 @@ def render_report(
 
     `out_dir` is replaced as a whole: it is the report stage's one output.
 
-    Returns the training runs (their files) for the MLflow mirror (pipeline.report_mlflow).
+    Returns the training runs (their files) for the MLflow mirror (pipeline.reporting.mlflow_mirror).
     Raises ReportInputError (a ValueError) naming the file when an input cannot be read.
     """
     variants, seeds = list(variants), list(seeds)
@@ -77,13 +75,13 @@ def render_report(
     plateau = unigram_plateau(runs)
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
     main_lr = dict(main_lr or {})  # each variant's train.lr; needed with lr_sweep
-    sweeps = report_sweeps.load_sweeps(runs_dir, evals_dir, variants, seeds, lr_sweep, main_lr, scales)
+    sweep_runs = sweeps.load_sweeps(runs_dir, evals_dir, variants, seeds, lr_sweep, main_lr, scales)
     fair = scaled = None
     if lr_sweep:
-        grid = report_sweeps.lr_grid(runs, sweeps, variants, seeds, main_lr)
-        fair = report_sweeps.fair_lr_results(grid, baseline, runs, main_lr)
+        grid = sweeps.lr_grid(runs, sweep_runs, variants, seeds, main_lr)
+        fair = sweeps.fair_lr_results(grid, baseline, runs, main_lr)
     if scales:
-        scaled = report_sweeps.scale_results(report_sweeps.scale_runs(runs, sweeps), variants, seeds, baseline,
+        scaled = sweeps.scale_results(sweeps.scale_runs(runs, sweep_runs), variants, seeds, baseline,
                                              results.primary)
 
     out_dir = Path(out_dir)
@@ -100,8 +98,8 @@ def render_report(
             [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
             + setup_blocks(runs, variants, seeds, baseline, budget, task, notes)
             + results_blocks(results, variants, baseline, runs, seeds)
-            + (report_sweeps.fair_lr_blocks(fair, baseline, main_lr, tmp / "figures", colors) if fair else [])
-            + (report_sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
+            + (sweeps.fair_lr_blocks(fair, baseline, main_lr, tmp / "figures", colors) if fair else [])
+            + (sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
             + reference_blocks(results, baseline, reference)
             + plateau_blocks(results, variants, plateau)
             + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
@@ -116,23 +114,23 @@ def render_report(
         (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
         summary = metrics_summary(results, variants, plateau)
         if fair:
-            summary["fair_lr"] = report_sweeps.fair_lr_summary(fair)
+            summary["fair_lr"] = sweeps.fair_lr_summary(fair)
         if scaled:
-            summary["scales"] = report_sweeps.scale_summary(scaled)
+            summary["scales"] = sweeps.scale_summary(scaled)
         (tmp / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
         for item in sorted(tmp.iterdir()):
             with atomic_path(out_dir / item.name) as dst:
                 os.replace(item, dst)
 
-    return run_files(Path(runs_dir), Path(evals_dir), runs, sweeps)
+    return run_files(Path(runs_dir), Path(evals_dir), runs, sweep_runs)
 
 
-def run_files(runs_dir: Path, evals_dir: Path, runs, sweeps) -> list[RunFiles]:
+def run_files(runs_dir: Path, evals_dir: Path, runs, sweep_runs) -> list[RunFiles]:
     """Every trained run's folders for the MLflow mirror: the main runs, then each sweep run (its
     MLflow name carries its point). Diverged sweep runs have nothing to mirror."""
     found = [(run, runs_dir / f"{v}-{s}", evals_dir / f"{v}-{s}", "") for (v, s), run in runs.items()]
-    found += [(sr.run, sr.run_dir, sr.eval_dir, sr.label) for sr in sweeps]
+    found += [(sr.run, sr.run_dir, sr.eval_dir, sr.label) for sr in sweep_runs]
     out = []
     for run, run_dir, eval_dir, point in found:
         if run.train and not run.train.get("diverged"):

@@ -19,19 +19,18 @@ from pathlib import Path
 
 import torch
 
-from pipeline import trainer
 from pipeline.atomic import atomic_path
-from pipeline.batching import lm_token_file, load_split, read_manifest
-from pipeline.checkpoint import config_hash, source_hash
-from pipeline.device import choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device
 from pipeline.params import ParamsError, load_params, model_config, resolve_variant, stage_error
 from pipeline.tracking import Tracker, git_revision, live_tracking, point_label
-
+from pipeline.training import trainer
+from pipeline.training.batching import lm_token_file, load_split, read_manifest
+from pipeline.training.checkpoint import config_hash, source_hash
+from pipeline.training.device import choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device
 
 # The code a checkpoint is only valid for: the model and the train stage's own modules (its DVC deps).
 _HERE = Path(__file__).resolve().parent
-TRAINING_CODE = sorted((_HERE.parent / "model").glob("*.py")) + [
-    _HERE / f"{name}.py" for name in ("train", "trainer", "batching", "optim", "checkpoint", "device")]
+TRAINING_CODE = sorted((_HERE.parent / "model").glob("*.py")) + [_HERE / "train.py"] + sorted(
+    (_HERE / "training").glob("*.py"))
 
 
 def build(model_section: dict, manifest: dict, where: str = "model"):

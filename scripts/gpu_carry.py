@@ -24,7 +24,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from the repository: the pipeline's own cache layout
-from pipeline.fetch import cache_path, default_cache_dir  # noqa: E402
+from pipeline.sources.http import cache_path, default_cache_dir  # noqa: E402
 from pipeline.sources.tiny_shakespeare import BASE_URL  # noqa: E402
 
 PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_27_x86_64",

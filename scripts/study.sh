@@ -32,5 +32,5 @@ open(path, "w").write(json.dumps(run, indent=2) + "\n")
 PY
 rm -rf "$out" && mv "$out.tmp" "$out"
 cd "$root"
-[ -n "${STUDY_OUT:-}" ] || python -m pipeline.report_studies
+[ -n "${STUDY_OUT:-}" ] || python -m scripts.report_studies
 echo "study: $name took $(python -c "import json,sys; print(json.load(open(sys.argv[1]))['wall_s'])" "$out/run.json") s; report in $out (scratch project: $scratch)"

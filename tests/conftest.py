@@ -66,13 +66,14 @@ def tiny_shards(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_repo(tmp_path_factory) -> Path:
     """A tiny project after `dvc repro` (one seed, two variants), committed to git, MLflow off.
-    Tests that edit it take a copy (tests.tiny_project.copy_project)."""
-    from tests.tiny_project import make_project, sh, tiny_params
+    Tests that edit it take a copy (tests.tiny_project.copy_project). Every stage process records
+    the project files it loaded in ../imports/ (tests.tiny_project.record_imports)."""
+    from tests.tiny_project import make_project, record_imports, sh, tiny_params
 
     project = tmp_path_factory.mktemp("tiny_repo") / "project"
     env = {**make_project(project, tiny_params(seeds=[0])), "ABLATION_LAB_TRACKING": "0"}
     (project / ".gitignore").write_text("mlflow.db\nmlflow.db.lock\nmlruns/\ndata/checkpoints/\n")
-    sh(["dvc", "repro"], project, env)
+    sh(["dvc", "repro"], project, {**env, **record_imports(project.parent / "imports")})
     sh(["git", "add", "-A"], project, env)
     sh(["git", "commit", "-qm", "tiny study"], project, env)
     return project

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from pipeline import device
-from pipeline.device import choose_threads, cpu_peak_flops
+from pipeline.training import device
+from pipeline.training.device import choose_threads, cpu_peak_flops
 
 
 @pytest.mark.parametrize(("cores", "busy", "expected"), [(2, 0, 2), (2, 1, 1), (2, 5, 1), (8, 2, 6), (1, 0, 1)])

@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from model import ModelConfig, build_model
-from pipeline.batching import load_split, read_manifest
 from pipeline.encode import encode
-from pipeline.evaluate import continue_prompts, evaluate, lm_nats, lm_stream, pick_next, task_metrics
+from pipeline.evaluate import continue_prompts, evaluate, lm_nats, lm_stream, pick_next
 from pipeline.params import EvaluateParams, TrainBpeParams
+from pipeline.scoring.metrics import task_metrics
 from pipeline.sources.formats import split_paragraphs
 from pipeline.train_bpe import train_tokenizer
+from pipeline.training.batching import load_split, read_manifest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sources"
 CFG = EvaluateParams(max_examples=4, max_new_tokens=12, n_samples=2, batch_size=4)

@@ -1,4 +1,4 @@
-"""pipeline.fetch against a local fault-injecting HTTP server (127.0.0.1 only, never the network)."""
+"""pipeline.sources.http against a local fault-injecting HTTP server (127.0.0.1 only, never the network)."""
 from __future__ import annotations
 
 import errno
@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from pipeline.fetch import ChecksumError, DownloadError, cache_path, default_cache_dir, fetch
+from pipeline.sources.http import ChecksumError, DownloadError, cache_path, default_cache_dir, fetch
 from tests.fixtures.sources.server import closed_port_url, serve
 
 DATA = bytes(range(256)) * 1000  # 256 kB: several read chunks, so a half body is a real prefix

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from model import ModelConfig, build_model
-from pipeline.batching import lm_token_file, read_manifest
-from pipeline.checkpoint import find_latest, save
+from pipeline.training.batching import lm_token_file, read_manifest
+from pipeline.training.checkpoint import find_latest, save
 
 TRAIN = {"threads": 1, "batch_tokens": 2048, "context": 32, "batch_size": 4, "device": "cpu"}
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10"

@@ -10,19 +10,20 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 import sentencepiece as spm
 import torch
+import yaml
 
 from model import ModelConfig, build_model
-from pipeline.batching import load_texts, read_manifest
 from pipeline.download import check_local_paths
 from pipeline.encode import encode
-from pipeline.evaluate import evaluate, sentences, task_metrics
-from pipeline.output_checks import flags, output_stats
+from pipeline.evaluate import evaluate
 from pipeline.params import EvaluateParams, TrainBpeParams
 from pipeline.report import render_report
-from pipeline.train_bpe import train_tokenizer, file_sha256
+from pipeline.scoring.metrics import sentences, task_metrics
+from pipeline.scoring.output_checks import flags, output_stats
+from pipeline.train_bpe import file_sha256, train_tokenizer
+from pipeline.training.batching import load_texts, read_manifest
 from tests.fixtures.report.fake_runs import make_project
 
 ROOT = Path(__file__).resolve().parents[1]

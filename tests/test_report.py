@@ -11,9 +11,9 @@ import pytest
 from scipy import stats as sps
 
 from pipeline.report import _read_params, main, render_report
-from pipeline.report_figures import _attention_panel
-from pipeline.report_inputs import ReportInputError, load_run
-from pipeline.stats import detectable_effect, seeds_needed
+from pipeline.reporting.figures import _attention_panel
+from pipeline.reporting.inputs import ReportInputError, load_run
+from pipeline.reporting.stats import detectable_effect, seeds_needed
 from tests.fixtures.report.fake_runs import make_project
 
 REPO = Path(__file__).resolve().parents[1]

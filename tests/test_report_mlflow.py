@@ -6,7 +6,7 @@ import os
 import pytest
 
 from pipeline.report import main
-from pipeline.report_mlflow import mirror_runs
+from pipeline.reporting.mlflow_mirror import mirror_runs
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import report_studies
+from scripts import report_studies
 
 ROOT = Path(__file__).resolve().parents[1]
 

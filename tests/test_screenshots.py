@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from pipeline.report import render_report
-from pipeline.report_mlflow import RunFiles, mirror_runs
+from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
 
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)

@@ -12,9 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.fetch import ChecksumError, DownloadError, cache_path
-from pipeline.sources import SOURCES, TASKS, get_source, write_raw
+from pipeline.sources import SOURCES, get_source
+from pipeline.sources.common import TASKS, write_raw
 from pipeline.sources.formats import split_paragraphs
+from pipeline.sources.http import ChecksumError, DownloadError, cache_path
 from tests.fixtures.sources.server import closed_port_url, serve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sources"

@@ -1,11 +1,11 @@
-"""pipeline.stats against values computed here directly with numpy/scipy."""
+"""pipeline.reporting.stats against values computed here directly with numpy/scipy."""
 import math
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pipeline.stats import (
+from pipeline.reporting.stats import (
     detectable_effect, higher_is_better, holm, paired_delta, paired_power, seeds_needed, summarize,
 )
 

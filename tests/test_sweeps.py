@@ -10,10 +10,10 @@ import pytest
 import yaml
 from scipy import stats as sps
 
-from pipeline import report_sweeps
 from pipeline.report import main
-from pipeline.report_inputs import Run
-from pipeline.stats import Delta, holm
+from pipeline.reporting import sweeps
+from pipeline.reporting.inputs import Run
+from pipeline.reporting.stats import Delta, holm
 
 SEEDS = [0, 1, 2]
 
@@ -120,11 +120,11 @@ def test_a_verdict_that_changes_at_the_own_best_rate_is_named(tmp_path, monkeypa
 
 def test_best_rates_take_only_validation_losses_and_skip_incomplete_rates():
     val = {"a": {0.001: {0: 2.0, 1: 2.2}, 0.01: {0: 1.0, 1: None}, 0.1: {0: 2.05, 1: 2.05}}}
-    assert report_sweeps.best_rates(val) == {"a": 0.1}  # mean 2.05 beats 2.1; 0.01 lacks seed 1
+    assert sweeps.best_rates(val) == {"a": 0.1}  # mean 2.05 beats 2.1; 0.01 lacks seed 1
     val["a"][0.1] = {0: 2.2, 1: 2.2}
-    assert report_sweeps.best_rates(val) == {"a": 0.001}
+    assert sweeps.best_rates(val) == {"a": 0.001}
     val["a"] = {0.01: {0: 1.0, 1: None}}
-    assert report_sweeps.best_rates(val) == {"a": None}  # no rate with every seed: none chosen
+    assert sweeps.best_rates(val) == {"a": None}  # no rate with every seed: none chosen
 
 
 def run(variant: str, seed: int, val: float, params: int) -> Run:
@@ -146,9 +146,9 @@ def scale_runs(deltas: dict[str, tuple[float, float]], spread: float = 0.0) -> d
 
 def test_scale_trend_is_claimed_only_when_the_change_is_significant():
     by_scale = scale_runs({"grows": (0.1, 0.6), "flips": (0.3, -0.3), "same": (0.2, 0.2)}, spread=0.01)
-    res = report_sweeps.scale_results(by_scale, ["baseline", "grows", "flips", "same"], SEEDS, "baseline", "val_loss")
+    res = sweeps.scale_results(by_scale, ["baseline", "grows", "flips", "same"], SEEDS, "baseline", "val_loss")
     assert res.order == ["params.yaml", "wide"] and res.params == {"params.yaml": 1000, "wide": 4000}
-    words = {v: report_sweeps.trend(res.deltas[v]["params.yaml"], res.deltas[v]["wide"], *res.change[v])
+    words = {v: sweeps.trend(res.deltas[v]["params.yaml"], res.deltas[v]["wide"], *res.change[v])
              for v in res.deltas}
     assert words["grows"].startswith("grows") and words["flips"].startswith("flips sign")
     assert words["same"].startswith("no detectable change")
@@ -163,7 +163,7 @@ def test_scale_trend_is_claimed_only_when_the_change_is_significant():
 
 def test_trend_needs_both_intervals_clear_of_zero_to_call_a_flip():
     small, large = Delta(3, 0.3, 0.05, 0.01, "worse"), Delta(3, -0.05, 0.2, 0.6, "n.s.")
-    assert report_sweeps.trend(small, large, Delta(3, -0.35, 0.1, 0.01, "better"), 0.01).startswith("shrinks")
+    assert sweeps.trend(small, large, Delta(3, -0.35, 0.1, 0.01, "better"), 0.01).startswith("shrinks")
 
 
 def test_the_report_shows_scales_with_a_figure_and_metrics(tmp_path):

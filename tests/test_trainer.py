@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline import trainer
-from pipeline.batching import lm_batches, lm_collate, lm_stream, lm_token_file, load_split, read_manifest
-from pipeline.optim import lr_factor, param_groups
 from pipeline.params import TrainParams
 from pipeline.train import build, run
+from pipeline.training import trainer
+from pipeline.training.batching import lm_batches, lm_collate, lm_stream, lm_token_file, load_split, read_manifest
+from pipeline.training.optim import lr_factor, param_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,

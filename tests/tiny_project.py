@@ -76,6 +76,31 @@ def sh(args, cwd, env, ok: bool = True) -> subprocess.CompletedProcess:
     return result
 
 
+# Loaded by every Python process that has its folder on PYTHONPATH: at exit it writes which files
+# under the working directory (the project) the process had imported, and its command line.
+_IMPORT_HOOK = """
+import atexit, json, os, sys
+
+def _record():
+    root = os.getcwd() + os.sep
+    paths = {os.path.abspath(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
+    files = sorted(os.path.relpath(p, root) for p in paths if p.startswith(root) and os.path.isfile(p))
+    with open(os.path.join(os.environ["IMPORT_LOG_DIR"], f"{os.getpid()}.json"), "w") as f:
+        json.dump({"argv": sys.argv, "files": files}, f)
+
+atexit.register(_record)
+"""
+
+
+def record_imports(log_dir: Path) -> dict[str, str]:
+    """Environment under which each Python process writes log_dir/<pid>.json: its argv and the
+    project files it loaded (for the dvc.yaml deps check in test_layout)."""
+    hook = log_dir / "hook"
+    hook.mkdir(parents=True)
+    (hook / "sitecustomize.py").write_text(_IMPORT_HOOK)
+    return {"PYTHONPATH": str(hook), "IMPORT_LOG_DIR": str(log_dir)}
+
+
 def ran_stages(log: str) -> set[str]:
     """The stages a `dvc repro` log says it ran."""
     return {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage")}

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.sources import (NeededFile, RemoteFiles, RemoteOptions, Split, needed_file,
-                              parse_options, write_raw)
+from pipeline.sources.common import NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, write_raw
 from pipeline.sources.formats import read_parquet
 
 NAME = "cnn_dailymail"

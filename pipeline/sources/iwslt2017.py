@@ -11,8 +11,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.sources import (Direction, NeededFile, RemoteFiles, RemoteOptions, Split,
-                              needed_file, parse_options, write_raw)
+from pipeline.sources.common import (
+    Direction, NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, write_raw,
+)
 from pipeline.sources.formats import read_parquet
 
 NAME = "iwslt2017"

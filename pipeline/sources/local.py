@@ -64,12 +64,12 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, PositiveInt, Tag, field_validator
 
-from pipeline.fetch import sha256_file
-from pipeline.sources import Split, parse_options, write_raw
-from pipeline.sources.formats import (GZIP_MAGIC, PARQUET_MAGIC, head_bytes, is_parquet,
-                                      iter_delimited, iter_json, iter_jsonl, iter_lines,
-                                      iter_paragraphs, read_csv, read_parallel, read_parquet,
-                                      read_text)
+from pipeline.sources.common import Split, parse_options, write_raw
+from pipeline.sources.formats import (
+    GZIP_MAGIC, PARQUET_MAGIC, head_bytes, is_parquet, iter_delimited, iter_json, iter_jsonl, iter_lines,
+    iter_paragraphs, read_csv, read_parallel, read_parquet, read_text,
+)
+from pipeline.sources.http import sha256_file
 
 NAME = "local"
 task = None  # chosen by the `task` option; meta.json records it

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.sources import (Direction, NeededFile, RemoteFiles, RemoteOptions, Split,
-                              needed_file, parse_options, write_raw)
+from pipeline.sources.common import (
+    Direction, NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, write_raw,
+)
 from pipeline.sources.formats import read_jsonl
 
 NAME = "multi30k"

@@ -16,13 +16,11 @@ then one document, the text exactly as written (blank lines included). nanoGPT h
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.sources import (NeededFile, RemoteFiles, RemoteOptions, needed_file, parse_options,
-                              write_raw)
+from pipeline.sources.common import NeededFile, RemoteFiles, RemoteOptions, needed_file, parse_options, write_raw
 from pipeline.sources.formats import split_paragraphs
 
 NAME = "tiny_shakespeare"
@@ -104,4 +102,4 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
     rows = {s: {"source": [""] * len(d[:opts.max_rows]), "target": d[:opts.max_rows]}
             for s, d in splits.items()}
     write_raw(out_dir, rows, {"source": NAME, "task": task, "files": [record],
-                              "options": opts.model_dump(), "notes": notes})
+                                     "options": opts.model_dump(), "notes": notes})

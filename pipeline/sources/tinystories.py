@@ -16,8 +16,7 @@ from pathlib import Path
 
 from pydantic import Field, PositiveInt
 
-from pipeline.sources import (NeededFile, RemoteFiles, RemoteOptions, Split, needed_file,
-                              parse_options, write_raw)
+from pipeline.sources.common import NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, write_raw
 from pipeline.sources.formats import iter_delimited
 
 NAME = "tinystories"

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from pipeline.atomic import atomic_path
-from pipeline.device import all_reduce, broadcast
+from pipeline.training.device import all_reduce, broadcast
 
 _NAME = re.compile(r"step-(\d{8})\.pt$")
 

@@ -1,4 +1,4 @@
-"""Which figures the report draws, and from which run files; the drawing is in pipeline.figures.
+"""Which figures the report draws, and from which run files; the drawing is in pipeline.reporting.plots.
 
 Each function writes its PNG under `figures_dir` and returns the report blocks that show it, or a
 paragraph saying why it could not be drawn (no data is not a reason to fail the report).
@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pipeline import figures
-from pipeline.report_inputs import Run, number
-from pipeline.report_render import Block, Figure, Heading, Paragraph
-from pipeline.report_tables import Results
-from pipeline.stats import higher_is_better
+from pipeline.reporting import plots
+from pipeline.reporting.inputs import Run, number
+from pipeline.reporting.render import Block, Figure, Heading, Paragraph
+from pipeline.reporting.stats import higher_is_better
+from pipeline.reporting.tables import Results
 
 ATTENTION_PREFERENCE = ("decoder.cross", "decoder.self", "encoder.self")  # first present is shown
 
 
-def _curves(runs, variant: str, seeds: Sequence[int], attr: str, column: str) -> list[figures.Curve]:
+def _curves(runs, variant: str, seeds: Sequence[int], attr: str, column: str) -> list[plots.Curve]:
     out = []
     for s in seeds:
         df = getattr(runs[(variant, s)], attr)
@@ -33,7 +33,7 @@ def curve_blocks(runs, variants, seeds, colors, figures_dir: Path) -> list[Block
     val = {v: _curves(runs, v, seeds, "val_curve", "val_loss") for v in variants}
     if not any(train.values()) and not any(val.values()):
         return [Paragraph("Training curves not drawn: no train_curve.csv or val_curve.csv found.")]
-    figures.plot_curves(train, val, colors, figures_dir / "curves.png")
+    plots.plot_curves(train, val, colors, figures_dir / "curves.png")
     absent = [f"no {name} for {', '.join(v for v in variants if not curves[v])}"
               for name, curves in (("training curve", train), ("validation curve", val))
               if not all(curves.values())]
@@ -53,7 +53,7 @@ def delta_blocks(results: Results, baseline: str, colors, figures_dir: Path) -> 
     if all(results.deltas[v][m].mean is None for v in results.deltas for m in metrics):
         return [Paragraph("Δ figure not drawn: no variant shares a seed with the baseline.")]
     panels = [(m, higher_is_better(m), {v: results.deltas[v][m] for v in results.deltas}) for m in metrics]
-    figures.plot_deltas(panels, baseline, colors, figures_dir / "deltas.png")
+    plots.plot_deltas(panels, baseline, colors, figures_dir / "deltas.png")
     return [Figure("figures/deltas.png",
                    f"Δ vs {baseline} paired by seed: bar = mean difference, error bar = 95% t-interval "
                    "(absent when n=1), label = verdict (Holm-corrected except for the primary metric "
@@ -73,7 +73,7 @@ def params_loss_blocks(runs, variants, seeds, colors, figures_dir: Path) -> list
         points[v] = pts
     if not any(points.values()):
         return [Paragraph("Parameters vs loss not drawn: no run has both params_total and val_loss.")]
-    figures.plot_params_vs_loss(points, colors, figures_dir / "params_vs_loss.png")
+    plots.plot_params_vs_loss(points, colors, figures_dir / "params_vs_loss.png")
     return [Figure("figures/params_vs_loss.png",
                    "Total parameters (train.json) vs validation loss (eval.json): faint dots = seeds, "
                    "marker = mean with 95% t-interval.")]
@@ -103,7 +103,7 @@ def attention_blocks(runs, variants, seeds, baseline: str, figures_dir: Path) ->
     panels = [p for _, p in picks if p is not None]
     if not panels:
         return [Paragraph("Attention maps not drawn: no attention.json found.")]
-    figures.plot_attention(panels, figures_dir / "attention.png")
+    plots.plot_attention(panels, figures_dir / "attention.png")
     note = "" if baseline in shown else f" ({baseline} has no attention.json)"
     return [Figure("figures/attention.png",
                    f"Attention of one validation example, last layer, averaged over heads: "
@@ -115,7 +115,7 @@ def figure_blocks(
     seeds: Sequence[int], baseline: str, figures_dir: Path,
 ) -> list[Block]:
     """All figures of the report, drawn into `figures_dir`."""
-    colors = figures.variant_colors(variants)
+    colors = plots.variant_colors(variants)
     return (
         [Heading("Figures")]
         + curve_blocks(runs, variants, seeds, colors, figures_dir)

@@ -28,8 +28,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.tracking import (dvc_experiment, experiment_id, flatten, open_client, problem, store_lock,
-                               tracking_enabled)
+from pipeline.tracking import dvc_experiment, experiment_id, flatten, open_client, problem, store_lock, tracking_enabled
 
 log = logging.getLogger("pipeline.report")
 DIGEST_TAG = "ablation_lab.digest"

@@ -4,7 +4,7 @@
 half-width per metric and its paired delta vs the baseline, so `dvc metrics show/diff` and
 `dvc exp show` compare variants and experiments. Each delta also carries how it was tested (role:
 primary / secondary / derived, Holm-adjusted p, the |delta| detectable with 80% power and the seeds
-the observed delta would need); keys are only ever added, pipeline.report_studies reads this file.
+the observed delta would need); keys are only ever added, scripts.report_studies reads this file.
 `reports/curves/{val,train}_loss.csv` hold every run's curve with variant and seed columns, drawn by
 the `by_variant` template (.dvc/plots/).
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.report_inputs import Run
-from pipeline.report_tables import DERIVED
+from pipeline.reporting.inputs import Run
+from pipeline.reporting.tables import DERIVED
 
 
 def metrics_summary(results, variants: Sequence[str], plateau: float | None = None) -> dict:

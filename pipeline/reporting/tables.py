@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.report_inputs import Run, number, values_by_seed
-from pipeline.report_render import Block, Heading, Paragraph, Table
-from pipeline.stats import (
-    ALPHA, MAX_SEEDS, POWER, Delta, Summary, detectable_effect, higher_is_better, holm, paired_delta, seeds_needed,
-    summarize, verdict_for,
+from pipeline.reporting.inputs import Run, number, values_by_seed
+from pipeline.reporting.render import Block, Heading, Paragraph, Table
+from pipeline.reporting.stats import (
+    ALPHA, MAX_SEEDS, POWER, Delta, Summary, detectable_effect, higher_is_better, holm, paired_delta,
+    seeds_needed, summarize, verdict_for,
 )
 
 MISSING = "—"

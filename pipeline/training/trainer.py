@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import checkpoint
-from pipeline.batching import Split, collate, lm_batches, lm_collate, lm_stream, seq2seq_batches
-from pipeline.device import Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device
-from pipeline.optim import make_optimizer, make_scheduler
+from pipeline.training import checkpoint
+from pipeline.training.batching import Split, collate, lm_batches, lm_collate, lm_stream, seq2seq_batches
+from pipeline.training.device import Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device
+from pipeline.training.optim import make_optimizer, make_scheduler
 
 
 class NonFiniteLoss(RuntimeError):

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import figures
-from pipeline.report_inputs import Run, load_run, number, values_by_seed
-from pipeline.report_render import Block, Figure, Heading, Paragraph, Table
-from pipeline.report_tables import DERIVED, MAIN_METRIC_PRIORITY, MISSING, arrow, fmt, fmt_int, fmt_p, fmt_summary
-from pipeline.stats import ALPHA, Delta, higher_is_better, holm, paired_delta, summarize, verdict_for
+from pipeline.reporting import plots
+from pipeline.reporting.inputs import Run, load_run, number, values_by_seed
+from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
+from pipeline.reporting.stats import ALPHA, Delta, higher_is_better, holm, paired_delta, summarize, verdict_for
+from pipeline.reporting.tables import DERIVED, MAIN_METRIC_PRIORITY, MISSING, arrow, fmt, fmt_int, fmt_p, fmt_summary
 from pipeline.tracking import point_label
 
 SELECTION_METRIC = "val_loss"  # the one number a learning rate is chosen by
@@ -47,7 +47,7 @@ def _verdict(d: Delta, p: float | None, metric: str) -> str:
     """better / worse / n.s. at ALPHA for the Holm-adjusted p; without a test, why not."""
     if d.mean is None:
         return MISSING
-    if p is None:  # zero variance or one seed (pipeline.stats.paired_delta)
+    if p is None:  # zero variance or one seed (pipeline.reporting.stats.paired_delta)
         if d.verdict.startswith("no significant"):
             return "n.s. (identical in every seed)"
         if d.verdict.startswith(("better", "worse")):
@@ -208,7 +208,7 @@ def fair_lr_blocks(res: FairLR, baseline: str, main_lr: Mapping[str, float], fig
                  f"sweep; add a {'higher' if side == 'highest' else 'lower'} rate to lr_sweep to know."
                  for v, side in at_edge(res).items()]),
     ]
-    figures.plot_lr_sweep({v: [(lr, list(by_seed.values()), res.best[v] == lr) for lr, by_seed in res.val[v].items()
+    plots.plot_lr_sweep({v: [(lr, list(by_seed.values()), res.best[v] == lr) for lr, by_seed in res.val[v].items()
                                if by_seed and None not in by_seed.values()] for v in res.grid},
                           colors, figures_dir / "lr_sweep.png")
     blocks.append(Figure("figures/lr_sweep.png", f"{SELECTION_METRIC} vs learning rate per variant: mean ± 95% "
@@ -351,7 +351,7 @@ def scale_blocks(res: ScaleResults, baseline: str, figures_dir: Path, colors) ->
     ]
     points = {v: [(res.params[sc], by_scale[sc]) for sc in res.order if res.params[sc] is not None]
               for v, by_scale in res.deltas.items()}
-    figures.plot_delta_vs_params(points, m, baseline, colors, figures_dir / "delta_vs_params.png")
+    plots.plot_delta_vs_params(points, m, baseline, colors, figures_dir / "delta_vs_params.png")
     blocks.append(Figure("figures/delta_vs_params.png", f"Δ {m} vs {baseline} against the baseline's parameter "
                          "count at each size: mean ± 95% t-interval of the paired Δ over seeds."))
     return blocks

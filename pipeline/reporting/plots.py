@@ -15,7 +15,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
-from pipeline.stats import Delta, summarize
+from pipeline.reporting.stats import Delta, summarize
 
 DPI = 110
 MAX_TICK_LABELS = 40  # beyond this many tokens an axis of token labels is unreadable

@@ -1,0 +1,159 @@
+"""The layout's promises: no import circle in the project, and each dvc.yaml stage depends on exactly
+the code it runs, so an edit reruns the stages it can change and no others."""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.tiny_project import ROOT, copy_project, sh
+
+PACKAGES = ("model", "pipeline", "scripts", "benchmarks")
+# A room a stage loads only part of by design: download imports the one source data.source names.
+PICKED_BY_PARAMS = {"pipeline/sources"}
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the project's packages."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Project modules `name` imports anywhere in its file (function-level imports included):
+    `from a import b` is module a.b when that exists, else a (whose name b is)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_circle():
+    graph = import_graph()
+    assert graph["pipeline.report"] >= {"pipeline.reporting.tables", "pipeline.reporting.sweeps"}  # the walk sees them
+    assert "model.generate" in graph["model.transformer"]
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_no_module_imports_from_its_own_package_init():
+    # The package's __init__ may load its modules (the sources registry does, by name at run time,
+    # which the graph above cannot see), so a module that took names from it would close a circle.
+    modules = module_files()
+    for name, targets in import_graph().items():
+        if modules[name].name != "__init__.py":
+            own = name.rpartition(".")[0]
+            assert own not in targets or not own, f"{name} imports names from its own package {own}"
+
+
+def test_pipeline_top_level_is_the_stages_and_the_shared_plumbing():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    modules = {p.stem for p in (ROOT / "pipeline").glob("*.py")} - {"__init__"}
+    run = {cmd_module(stage["cmd"]) for stage in stages.values()}
+    assert run <= modules and modules - run == {"preset", "params", "atomic", "tracking"}
+    assert len(modules) <= 12
+
+
+def cmd_module(cmd: str) -> str:
+    words = cmd.split()
+    return words[words.index("-m") + 1].removeprefix("pipeline.")
+
+
+def code_deps(stage: dict) -> set[str]:
+    return {d for d in stage["deps"] if d.split("/")[0] in ("pipeline", "model")}
+
+
+def has_code(path: Path) -> bool:
+    """False for a file that is only a docstring (a package's __init__): it cannot change a result."""
+    body = ast.parse(path.read_text()).body
+    return not (len(body) <= 1 and all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body))
+
+
+@pytest.mark.slow
+def test_each_stage_depends_on_exactly_the_code_it_runs(tiny_repo):
+    # tiny_repo ran every stage with an import hook: what each stage's process loaded is what it
+    # runs. Its deps must cover every loaded file, and list no file or room it did not load.
+    loaded: dict[str, set[str]] = {}
+    for log in (tiny_repo.parent / "imports").glob("*.json"):
+        record = json.loads(log.read_text())
+        if record["argv"][0].endswith(".py") and "/pipeline/" in record["argv"][0]:
+            module = Path(record["argv"][0]).stem
+            loaded.setdefault(module, set()).update(record["files"])
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert set(loaded) == {cmd_module(s["cmd"]) for s in stages.values()}
+    for name, stage in stages.items():
+        files = {f for f in loaded[cmd_module(stage["cmd"])] if has_code(tiny_repo / f)}
+        deps = code_deps(stage)
+        covered = {f for f in files if any(f == d or f.startswith(d + "/") for d in deps)}
+        assert covered == files, f"{name}: runs {sorted(files - covered)}, not in its deps"
+        for dep in deps:
+            if (ROOT / dep).is_dir():
+                room = {str(p.relative_to(ROOT)) for p in (ROOT / dep).rglob("*.py") if has_code(p)}
+                used = room & files
+                assert used, f"{name}: depends on {dep}/ and loads nothing from it"
+                if dep not in PICKED_BY_PARAMS:
+                    assert used == room, f"{name}: depends on {dep}/ and does not load {sorted(room - used)}"
+            else:
+                assert dep in files, f"{name}: depends on {dep} and does not load it"
+
+
+@pytest.mark.slow
+def test_a_reporting_edit_reruns_the_report_and_a_training_edit_no_data_stage(tiny_repo, tmp_path):
+    project = tmp_path / "project"
+    env = {**copy_project(tiny_repo, project), "ABLATION_LAB_TRACKING": "0"}
+    with open(project / "pipeline" / "reporting" / "tables.py", "a") as f:
+        f.write("# an edit\n")
+    assert set(json.loads(sh(["dvc", "status", "--json"], project, env).stdout)) == {"report"}
+    sh(["git", "checkout", "--", "pipeline"], project, env)
+    with open(project / "pipeline" / "training" / "optim.py", "a") as f:
+        f.write("# an edit\n")
+    # `dvc status` lists the stages whose own deps changed; the report follows once they rerun.
+    stale = set(json.loads(sh(["dvc", "status", "--json"], project, env).stdout))
+    assert stale == {f"{s}@{v}-0" for s in ("train", "evaluate") for v in ("baseline", "no_positional")}
