@@ -5,7 +5,7 @@ from torch import Tensor, nn
 
 from model.attention import combine_masks
 from model.config import ModelConfig
-from model.layers import AttentionInputs, Layer, LayerCache, make_norm
+from model.layers import AttentionInputs, Layer, LayerCache, dropout, make_dropout, make_norm
 from model.positions import AbsolutePositions, RelativePositionBias, Rotary
 
 
@@ -23,7 +23,7 @@ class Stack(nn.Module):
         self.rope = Rotary(cfg.head_dim, cfg.max_len, cfg.rope_theta) if kind == "rope" else None
         self.rel_bias = (RelativePositionBias(cfg.n_heads, cfg.rel_buckets, cfg.rel_max_distance, bidirectional)
                          if kind == "relative" or cfg.relative_bias else None)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg.dropout)
         self.layers = nn.ModuleList(Layer(cfg, cross) for _ in range(n_layers))
         # Post-norm already ends every layer with a norm; pre-norm leaves the residual stream
         # unnormalised, so it needs one at the end.
@@ -42,7 +42,7 @@ class Stack(nn.Module):
         """
         if self.abs_pos is not None:
             x = self.abs_pos(x, pos)
-        x = self.dropout(x)
+        x = dropout(self.dropout, x)
         length = x.shape[1]
         k_len = q_start + length
         bias = self.rel_bias(q_start, length, k_len) if self.rel_bias is not None else None

@@ -64,7 +64,8 @@ class TransformerBase(nn.Module):
 
     # -- shared pieces -------------------------------------------------------------------------
     def _embed(self, tokens: Tensor, table: nn.Embedding | None = None) -> Tensor:
-        return (table or self.embed)(tokens) * self.emb_scale  # (B, L, D)
+        x = (table or self.embed)(tokens)  # (B, L, D)
+        return x * self.emb_scale if self.emb_scale != 1.0 else x  # x * 1.0 would still cost an op and its backward
 
     def _logits(self, h: Tensor) -> Tensor:
         return self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
