@@ -157,6 +157,8 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
             **({"point": point_label(point)} if point else {}),
         })
     tracker.log_params({**resolved, "seed": seed, "variant": variant, **point})
+    ident = {"variant": variant, "seed": seed, **point}  # heads config.json and train.json
+    config = {**ident, **resolved}
     try:
         result = trainer.train(model, data, tcfg, ckpt_dir, run_hash, tracker=tracker, cluster=cluster)
     except trainer.NonFiniteLoss as exc:
@@ -165,16 +167,17 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
             raise
         # In a learning-rate sweep a rate that diverges is a finding, not a broken pipeline: the
         # run's outputs say so (no model), and the report rules the rate out for this variant.
+        why = str(exc).splitlines()[0]
         if cluster.main:
-            write_diverged(out, variant, seed, point, resolved, str(exc).splitlines()[0])
-            print(f"{run_name(variant, seed, point)}: diverged ({str(exc).splitlines()[0]}); recorded", flush=True)
-        return {"variant": variant, "seed": seed, **point, "diverged": str(exc)}
+            write_diverged(out, config, {**ident, "diverged": why})
+            print(f"{run_name(variant, seed, point)}: diverged ({why}); recorded", flush=True)
+        return {**ident, "diverged": str(exc)}
     except BaseException:
         tracker.end("FAILED")
         raise
     counts = model.param_counts()
     metrics = {
-        "variant": variant, "seed": seed, **point, "params_total": counts["total"], "params_by_component": counts,
+        **ident, "params_total": counts["total"], "params_by_component": counts,
         "threads": threads,
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
         "flops_per_token": flops_per_token, "flops_trained": flops_per_token * result["tokens_trained"],
@@ -191,7 +194,6 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         torch.save({"model_config": cfg.__dict__.copy(), "state_dict": model.state_dict()}, tmp / "model.pt")
         (tmp / "train_curve.csv").write_text(csv_text(["step", "tokens", "train_loss", "lr"], result["train_rows"]))
         (tmp / "val_curve.csv").write_text(csv_text(["step", "tokens", "val_loss"], result["val_rows"]))
-        config = {"variant": variant, "seed": seed, **point, **resolved}
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "train.json").write_text(json.dumps(metrics, indent=2) + "\n")
     tracker.log_metrics({k: metrics[k] for k in ("tokens_per_s", "mfu", "padding_ratio") if metrics[k] is not None},
@@ -202,13 +204,12 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     return metrics
 
 
-def write_diverged(out: Path, variant: str, seed: int, point: dict, resolved: dict, why: str) -> None:
+def write_diverged(out: Path, config: dict, metrics: dict) -> None:
+    """A diverged sweep run's outputs: its config and a train.json that says why, no model."""
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
-        (tmp / "config.json").write_text(json.dumps({"variant": variant, "seed": seed, **point, **resolved},
-                                                    indent=2) + "\n")
-        (tmp / "train.json").write_text(json.dumps({"variant": variant, "seed": seed, **point, "diverged": why},
-                                                   indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / "train.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
