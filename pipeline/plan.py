@@ -187,8 +187,12 @@ def task_of(params: Params) -> str:
 
 
 def plan(params: Params, manifest: dict | None, device: str, mfu: float, calibration: Calibration | None,
-         peak: float, capacity: int) -> tuple[list[Row], str]:
-    """One Row per variant and scale point, and where the sequence lengths come from."""
+         peak: float, capacity: int, host_step_s: float = 0.0) -> tuple[list[Row], str]:
+    """One Row per variant and scale point, and where the sequence lengths come from.
+
+    CPU (`calibration` given): steps x per-step cost + FLOPs / (peak x MFU). GPU: the GPU works while
+    the host prepares the next launches, so a step takes the longer of its FLOPs at peak x `mfu` and
+    `host_step_s`, the host's own work per step (the CPU fit's per-step cost)."""
     lm = task_of(params) == "language_modeling"
     ids = tokenizer_ids(params, manifest)
     bf16 = device != "cpu"  # the train stage autocasts to bf16 on CUDA only
@@ -207,7 +211,7 @@ def plan(params: Params, manifest: dict | None, device: str, mfu: float, calibra
             if calibration is not None:
                 seconds = steps * calibration.step_s + flops / (peak * calibration.mfu)
             else:
-                seconds = flops / (peak * mfu)
+                seconds = max(flops / (peak * mfu), steps * host_step_s)
             mem = memory(model, cfg, tcfg, (longest_src, longest_tgt), lm, bf16)
             rows.append(Row(variant, scale, model.param_counts()["total"], per_token, tokens, steps,
                             per_point if scale is None else len(params.seeds), seconds, mem,
@@ -366,10 +370,15 @@ def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: 
                 "calibration": cal, "mfu": cal.mfu}
     name, memory_bytes = GPUS[device]
     mfu = DEFAULT_MFU if mfu is None else mfu
+    try:  # no GPU run has been measured: the host's per-step work comes from the CPU studies' fit
+        host = calibrate(reports)
+    except PlanError:
+        host = None
     return {"device": f"one {name}", "peak_flops": gpu_peak(name),
             "peak_source": f"datasheet bf16 dense peak of the {name} (pipeline.training.device)",
             "memory_bytes": memory_bytes, "memory_source": f"the {name}'s data sheet",
-            "calibration": None, "mfu": mfu}
+            "calibration": None, "mfu": mfu, "host_step_s": host.step_s if host else 0.0,
+            "host_source": host.source if host else "none (no committed CPU study found)"}
 
 
 def table(rows: list[Row], facts: dict) -> str:
@@ -398,7 +407,10 @@ def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source:
         model = (f"time = steps x {cal.step_s * 1000:.3g} ms + FLOPs / (peak x MFU {cal.mfu:.3g}), "
                  f"fitted to {cal.source}")
     else:
-        model = f"time = FLOPs / (peak x MFU {facts['mfu']:g}{' (default)' if facts['mfu'] == DEFAULT_MFU else ''})"
+        model = (f"time per step = the longer of FLOPs / (peak x MFU {facts['mfu']:g}"
+                 f"{' (default)' if facts['mfu'] == DEFAULT_MFU else ''}) and the host's "
+                 f"{facts['host_step_s'] * 1000:.3g} ms of work per step (the per-step cost fitted to "
+                 f"{facts['host_source']})")
     out = [f"Plan for {params_path} on {facts['device']}: peak {facts['peak_flops']:.3g} FLOP/s "
            f"({facts['peak_source']}); {model}.",
            f"Sequence lengths: {lengths_source}.", "", table(rows, facts), "",
@@ -406,12 +418,32 @@ def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source:
            "stage are not included). Memory: fp32 weights, gradients and AdamW's two moments, plus the "
            "activations of the largest batch (" + rows[0].memory["batch"] + " for the first row), "
            + ("bf16 autocast as on CUDA." if facts["calibration"] is None else "float32 as on CPU.")]
+    if cal is None:
+        out.append("No GPU run has been measured here: the MFU is an assumption (--mfu), and the host's "
+                   "per-step cost is the CPU studies' (a GPU machine's host may be faster or slower).")
+    if "no encoded data" in lengths_source:
+        out.append("For the real sequence lengths, run `dvc repro encode` (the data stages only) and plan again.")
     for r in rows:
         if not r.fits:
             out.append(f"CANNOT FIT: {r.variant}{' @ ' + r.scale if r.scale else ''} needs "
                        f"{fmt_bytes(r.memory['total'])} per run, the device has {fmt_bytes(facts['memory_bytes'])} "
                        f"({facts['memory_source']}); lower train.batch_tokens / train.batch_size or the model size.")
     return "\n".join(out)
+
+
+def brief(params_path: Path, rows: list[Row], facts: dict, lm: bool, has_manifest: bool) -> str:
+    """One line: runs, time per run (range) and in all, the largest run's memory and whether it fits."""
+    per_run = sorted(r.seconds_per_run for r in rows)
+    span = fmt_time(per_run[0]) + ("" if fmt_time(per_run[-1]) == fmt_time(per_run[0]) else f"-{fmt_time(per_run[-1])}")
+    biggest = max(rows, key=lambda r: r.memory["total"])
+    cal = facts["calibration"]
+    how = (f"MFU {facts['mfu']:.2g} + {cal.step_s * 1000:.2g} ms/step, fitted" if cal else
+           f"MFU {facts['mfu']:.2g}, at least {facts['host_step_s'] * 1000:.2g} ms/step")
+    guess = "" if lm or has_manifest else "; seq2seq lengths at the filter's limits (rough until encode has run)"
+    fits = "fits" if all(r.fits for r in rows) else "DOES NOT FIT"
+    return (f"{params_path}: {sum(r.runs for r in rows)} runs on {facts['device']} ({facts['peak_flops']:.3g} FLOP/s "
+            f"x {how}): {span} each, {fmt_time(sum(r.seconds_per_run * r.runs for r in rows))} in all; peak memory "
+            f"{fmt_bytes(biggest.memory['total'])} per run of {fmt_bytes(facts['memory_bytes'])} ({fits}){guess}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -428,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="cpu: this machine's float32 peak (measured once, cached), or the one the committed "
                         "studies ran at (their machine; a measurement on a busy machine reads low)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    parser.add_argument("--brief", action="store_true", help="one line: runs, time, memory (the README's lines)")
     args = parser.parse_args(argv)
     try:
         if args.device not in (*GPUS, "cpu"):
@@ -435,10 +468,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.mfu is not None and not 0 < args.mfu <= 1:
             raise PlanError(f"--mfu: {args.mfu:g} is not a fraction in (0, 1]")
         params = load_params(args.params)
-        reports = sorted(args.calibration.rglob("report.md")) if args.device == "cpu" else []
+        reports = sorted(args.calibration.rglob("report.md"))
         facts = device_facts(args.device, args.mfu, reports, args.cpu_peak)
-        rows, why = plan(params, read_manifest(args.shards), args.device, facts["mfu"], facts["calibration"],
-                         facts["peak_flops"], facts["memory_bytes"])
+        manifest = read_manifest(args.shards)
+        rows, why = plan(params, manifest, args.device, facts["mfu"], facts["calibration"],
+                         facts["peak_flops"], facts["memory_bytes"], facts.get("host_step_s", 0.0))
     except (ParamsError, PlanError, OSError) as exc:
         raise SystemExit(f"plan: {str(exc).strip().splitlines()[0]}") from None
     if args.json:
@@ -449,6 +483,8 @@ def main(argv: list[str] | None = None) -> None:
                           "total": {"runs": sum(r.runs for r in rows),
                                     "seconds": sum(r.seconds_per_run * r.runs for r in rows),
                                     "all_fit": all(r.fits for r in rows)}}, indent=2))
+    elif args.brief:
+        print(brief(args.params, rows, facts, why.startswith("language"), manifest is not None))
     else:
         print(report_text(args.params, rows, facts, why))
 

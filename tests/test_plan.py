@@ -80,6 +80,50 @@ def test_language_model_tokens_steps_and_activations_by_hand(tmp_path):
     assert logits < main[0].memory["activations"] < 1000 * logits
 
 
+def test_gpu_step_is_never_shorter_than_the_hosts_work(tiny_shards, tmp_path):
+    params = load_params(write(tmp_path / "params.yaml", tiny_params()))
+    manifest = read_manifest(tiny_shards / "shards")
+    flops_only = rows_for(params, manifest)
+    hosted = plan.plan(params, manifest, "4090", 0.5, None, plan.gpu_peak("4090"), 24 * 10**9, host_step_s=0.25)[0]
+    for fast, slow in zip(flops_only, hosted):
+        assert slow.seconds_per_run == pytest.approx(max(fast.seconds_per_run, 0.25 * slow.steps_per_run))
+        assert slow.seconds_per_run > fast.seconds_per_run  # a tiny model: the host's work decides
+
+
+@pytest.mark.parametrize("switches, rows, src_len, tgt_len", [
+    ({"arch": "encoder_decoder", "n_encoder_layers": 2}, 8, 40, 20),
+    ({"arch": "decoder_only", "positional": "rope", "norm": "rmsnorm", "norm_position": "pre", "ffn": "swiglu"}, 4, 0, 64),
+    ({"arch": "decoder_only", "relative_bias": True, "dropout": 0.1}, 4, 0, 64),
+])
+def test_meta_activations_match_a_real_forward(switches, rows, src_len, tgt_len):
+    """The meta-device count against the tensors a real CPU forward keeps for backward (storages
+    counted once, weights left out). The meta trace takes attention's math path where the CPU's fused
+    kernel keeps less: it may overcount a little, never undercount."""
+    from model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=300, d_model=64, n_heads=4, n_decoder_layers=2, d_ff=128, max_len=128, **switches)
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    src = torch.randint(4, 300, (rows, src_len)) if src_len else None
+    tgt = torch.randint(4, 300, (rows, tgt_len))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(src, tgt, tgt)
+    real = sum(kept.values())
+    with torch.device("meta"):
+        meta_model = build_model(cfg)
+    estimate = plan.activation_bytes(meta_model, cfg, rows, src_len, tgt_len, bf16=False)
+    assert real <= estimate <= 1.2 * real
+
+
 def test_bad_device_is_one_line(tmp_path, capsys):
     path = write(tmp_path / "params.yaml", tiny_params())
     with pytest.raises(SystemExit) as exc:
