@@ -14,6 +14,7 @@ import yaml
 
 from model import build_model
 from pipeline import plan
+from pipeline.planning import calibration, estimate
 from pipeline.params import Params, load_params, model_config, resolve_variant
 from pipeline.train import flops_per_target_token, mean_lengths
 from pipeline.training.batching import load_split, read_manifest
@@ -28,10 +29,10 @@ def write(path: Path, params: dict) -> Path:
     return path
 
 
-def rows_for(params: Params, manifest: dict | None, device: str = "4090", mfu: float = 0.5):
-    name, capacity = plan.GPUS.get(device, (None, plan.ram_bytes()))
+def rows_for(params: Params, manifest: dict | None, device: str = "4090", mfu: float = 0.5, step_s: float = 0.0):
+    name, capacity = plan.GPUS.get(device, (None, estimate.ram_bytes()))
     peak = plan.gpu_peak(name) if name else 1e11
-    return plan.plan(params, manifest, device, mfu, None, peak, capacity)[0]
+    return estimate.plan(params, manifest, device, peak, mfu, step_s, capacity)[0]
 
 
 def test_tiny_seq2seq_counts_equal_the_real_model_and_train_stage(tiny_shards, tmp_path):
@@ -84,7 +85,7 @@ def test_gpu_step_is_never_shorter_than_the_hosts_work(tiny_shards, tmp_path):
     params = load_params(write(tmp_path / "params.yaml", tiny_params()))
     manifest = read_manifest(tiny_shards / "shards")
     flops_only = rows_for(params, manifest)
-    hosted = plan.plan(params, manifest, "4090", 0.5, None, plan.gpu_peak("4090"), 24 * 10**9, host_step_s=0.25)[0]
+    hosted = rows_for(params, manifest, step_s=0.25)
     for fast, slow in zip(flops_only, hosted):
         assert slow.seconds_per_run == pytest.approx(max(fast.seconds_per_run, 0.25 * slow.steps_per_run))
         assert slow.seconds_per_run > fast.seconds_per_run  # a tiny model: the host's work decides
@@ -120,8 +121,8 @@ def test_meta_activations_match_a_real_forward(switches, rows, src_len, tgt_len)
     real = sum(kept.values())
     with torch.device("meta"):
         meta_model = build_model(cfg)
-    estimate = plan.activation_bytes(meta_model, cfg, rows, src_len, tgt_len, bf16=False)
-    assert real <= estimate <= 1.2 * real
+    counted = estimate.activation_bytes(meta_model, cfg, rows, src_len, tgt_len, bf16=False)
+    assert real <= counted <= 1.2 * real
 
 
 def test_bad_device_is_one_line(tmp_path, capsys):
@@ -156,9 +157,10 @@ def predicted_vs_measured(report: Path, params: Params, manifest: dict | None) -
     """{variant: (predicted s, measured s)}: the time model fitted to every other committed study
     (the one checked is left out), at the peak the committed runs divided by."""
     others = [r for r in REPORTS if r != report]
-    cal = plan.fit([p for r in others for p in plan.study_points(r)], plan.reference_peak(REPORTS), "others")
-    rows = plan.plan(params, manifest, "cpu", cal.mfu, cal, plan.reference_peak(REPORTS), plan.ram_bytes())[0]
-    measured = {r["variant"]: r["wall_s"] for r in plan.measured_runs(report)}
+    peak = calibration.reference_peak(REPORTS)
+    cal = calibration.fit([p for r in others for p in calibration.study_points(r)], peak, "others")
+    rows = estimate.plan(params, manifest, "cpu", peak, cal.mfu, cal.step_s, estimate.ram_bytes())[0]
+    measured = {r["variant"]: r["wall_s"] for r in calibration.measured_runs(report)}
     return {r.variant: (r.seconds_per_run, measured[r.variant]) for r in rows if r.variant in measured}
 
 
