@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         facts = device_facts(args.device, args.mfu, reports, args.cpu_peak)
         manifest = read_manifest(args.shards)
         rows, why = plan(params, manifest, args.device, facts["peak_flops"], facts["mfu"], facts["step_s"],
-                         facts["memory_bytes"])
+                         facts["memory_bytes"], args.shards)
     except (ParamsError, PlanError, OSError) as exc:
         raise SystemExit(f"plan: {str(exc).strip().splitlines()[0]}") from None
     if args.json:

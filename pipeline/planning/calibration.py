@@ -22,7 +22,7 @@ class Calibration:
     """CPU time model: wall = steps x step_s + FLOPs / (peak x mfu), fitted to measured runs."""
     step_s: float
     mfu: float
-    runs: int  # variant rows (means over seeds) the fit used
+    runs: int  # measured variants (one wall each) the fit used
     source: str
 
 
@@ -57,8 +57,9 @@ def markdown_table(text: str, heading: str) -> list[dict]:
 
 
 def number(cell: str) -> float:
-    """'120,072–120,142' -> 120072 (the low end of a range), '2.48e+06' -> 2480000.0."""
-    return float(cell.replace(",", "").split("–")[0])
+    """'1,389–1,394' (min–max over seeds) -> 1391.5, its middle; '2.48e+06' -> 2480000.0."""
+    ends = [float(part) for part in cell.replace(",", "").split("–")]
+    return sum(ends) / len(ends)
 
 
 def measured_runs(report: Path) -> list[dict]:

@@ -72,7 +72,7 @@ def lengths(params: Params, manifest: dict | None, lm: bool, context: int) -> tu
         split = manifest["splits"]["train"]
         n = max(1, split["examples"])
         return (split["src_tokens"] / n, split["tgt_tokens"] / n + 1, longest_src, longest_tgt,
-                "means of the encoded training split (manifest.json); longest at the filter's limits")
+                "the encoded training split (manifest.json, shards): its mean lengths and the train stage's batch plan")
     return (float(longest_src), float(longest_tgt), longest_src, longest_tgt,
             "no encoded data yet (no manifest.json in --shards): every example at the filter's limits, a "
             "pre-token or character counted as one token (a rough guess: run the encode stage for the real means)")
@@ -114,33 +114,59 @@ def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bo
     return total
 
 
-def memory(model, cfg, tcfg: dict, longest: tuple[int, int], lm: bool, bf16: bool) -> dict:
-    """Peak bytes of one run: fp32 weights, their gradients, AdamW's moments, the largest batch's
-    activations (and under bf16 autocast the weights' bf16 copies)."""
+def memory(model, cfg, shape: tuple[int, int, int], bf16: bool) -> dict:
+    """Peak bytes of one run: fp32 weights, their gradients, AdamW's moments, the activations of the
+    largest batch, `shape` = (rows, source length, target length), and under bf16 autocast the
+    weights' bf16 copies."""
     n = model.param_counts()["total"]
-    if lm:
-        rows, src_len, tgt_len = tcfg["batch_size"], 0, tcfg["context"]
-    else:  # a batch holds up to batch_tokens padded tokens; the longest examples make the largest
-        src_len, tgt_len = longest
-        rows = max(1, tcfg["batch_tokens"] // (src_len + tgt_len))
+    rows, src_len, tgt_len = shape
     out = {"weights": 4 * n, "gradients": 4 * n, "adamw": ADAM_BYTES * n,
            "bf16_weight_copies": 2 * n if bf16 else 0,
            "activations": activation_bytes(model, cfg, rows, src_len, tgt_len, bf16),
-           "batch": f"{rows} x ({src_len} + {tgt_len}) tokens" if not lm else f"{rows} x {tgt_len} tokens"}
+           "batch": f"{rows} x ({src_len} + {tgt_len}) tokens" if src_len else f"{rows} x {tgt_len} tokens"}
     out["total"] = sum(v for v in out.values() if isinstance(v, int))
     return out
 
 
+def guessed_shape(cfg, tcfg: dict, longest: tuple[int, int]) -> tuple[int, int, int]:
+    """The largest seq2seq batch without data: the longest examples, as many as batch_tokens holds."""
+    src_len, tgt_len = (min(n, cfg.max_len) for n in longest)  # the model takes no longer
+    if cfg.arch != "encoder_decoder" and src_len + tgt_len > cfg.max_len:  # one packed sequence
+        src_len = max(1, cfg.max_len - tgt_len)
+    return max(1, tcfg["batch_tokens"] // (src_len + tgt_len)), src_len, tgt_len
+
+
 def tokens_and_steps(tcfg: dict, per_token: float, mean_src: float, mean_tgt: float, lm: bool) -> tuple[int, int]:
-    """(target tokens, optimizer steps) of one run, as the train stage's budget decides them."""
-    per_batch = tcfg["batch_size"] * tcfg["context"] if lm else \
-        tcfg["batch_tokens"] * mean_tgt / (mean_src + mean_tgt)  # padding ignored: steps are a floor
+    """(target tokens, optimizer steps) of one run from the budget, without data (seq2seq: padding
+    ignored, so the steps are a floor)."""
+    per_batch = tcfg["batch_size"] * tcfg["context"] if lm else tcfg["batch_tokens"] * mean_tgt / (mean_src + mean_tgt)
     per_step = per_batch * tcfg["grad_accum"]
     if tcfg["budget_steps"] is not None:
         return int(tcfg["budget_steps"] * per_step), tcfg["budget_steps"]
-    tokens = flops_budget_tokens(tcfg["budget_flops"], per_token) if tcfg["budget_flops"] is not None \
-        else tcfg["budget_tokens"]
-    return tokens, max(1, math.ceil(tokens / per_step))
+    tokens = budget_tokens(tcfg, per_token)
+    steps = max(1, math.ceil(tokens / per_step))
+    # Training stops at the first whole step past the budget: a language model's steps are all equal.
+    return (steps * per_step if lm else tokens), steps
+
+
+def budget_tokens(tcfg: dict, per_token: float) -> int:
+    if tcfg["budget_flops"] is not None:
+        return flops_budget_tokens(tcfg["budget_flops"], per_token)
+    return tcfg["budget_tokens"]
+
+
+def planned_batches(split, manifest: dict, tcfg: dict, seed: int, per_token: float):
+    """(target tokens, steps, largest batch shape) of a seq2seq run on the encoded data: the train
+    stage's own batch plan (`trainer.plan_steps`), padding included."""
+    from pipeline.training import trainer
+
+    ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
+    data = trainer.Data(task=manifest["task"], train=split, val=None, ids=ids, batch_tokens=tcfg["batch_tokens"],
+                        batch_size=tcfg["batch_size"], context=tcfg["context"], seed=seed)
+    steps, tokens = trainer.plan_steps(data, budget_tokens(tcfg, per_token), tcfg["budget_steps"], tcfg["grad_accum"])
+    shapes = [(len(idx), max(len(split.src[i]) for i in idx), max(len(split.tgt[i]) for i in idx) + 1)
+              for idx in data.epoch(0)]
+    return tokens, steps, max(shapes, key=lambda s: s[0] * (s[1] + s[2]))
 
 
 def task_of(params: Params) -> str:
@@ -150,15 +176,21 @@ def task_of(params: Params) -> str:
 
 
 def plan(params: Params, manifest: dict | None, device: str, peak: float, mfu: float, step_s: float,
-         capacity: int) -> tuple[list[Row], str]:
+         capacity: int, shards: Path | None = None) -> tuple[list[Row], str]:
     """One Row per variant and scale point, and where the sequence lengths come from.
 
     CPU: steps x `step_s` (the per-step cost) + FLOPs / (peak x MFU). GPU: the device computes while
     the host prepares the next step's launches, so a step takes the longer of its FLOPs at peak x
-    MFU and `step_s`, the host's own work per step."""
+    MFU and `step_s`, the host's own work per step. With the encoded data (`manifest` and its
+    `shards`), a seq2seq run's steps, tokens and largest batch are the train stage's own plan."""
     lm = task_of(params) == "language_modeling"
     ids = tokenizer_ids(params, manifest)
     bf16 = device != "cpu"  # the train stage autocasts to bf16 on CUDA only
+    split = None
+    if manifest is not None and shards is not None and not lm:
+        from pipeline.training.batching import load_split
+
+        split = load_split(shards, manifest, "train")
     rows, why = [], ""
     per_point = len(params.seeds) * (1 + len(params.lr_sweep))  # the lr points train the same model
     for scale in (None, *params.scales):
@@ -169,13 +201,20 @@ def plan(params: Params, manifest: dict | None, device: str, peak: float, mfu: f
             mean_src, mean_tgt, longest_src, longest_tgt, why = lengths(params, manifest, lm, tcfg["context"])
             cfg, model = meta_model(resolved, ids, where)
             per_token = flops_per_target_token(model, cfg, mean_src, mean_tgt)
-            tokens, steps = tokens_and_steps(tcfg, per_token, mean_src, mean_tgt, lm)
+            if lm:
+                tokens, steps = tokens_and_steps(tcfg, per_token, mean_src, mean_tgt, lm)
+                shape = (tcfg["batch_size"], 0, tcfg["context"])
+            elif split is not None:
+                tokens, steps, shape = planned_batches(split, manifest, tcfg, params.seeds[0], per_token)
+            else:
+                tokens, steps = tokens_and_steps(tcfg, per_token, mean_src, mean_tgt, lm)
+                shape = guessed_shape(cfg, tcfg, (longest_src, longest_tgt))
             flops = per_token * tokens
             if device == "cpu":
                 seconds = steps * step_s + flops / (peak * mfu)
             else:
                 seconds = max(flops / (peak * mfu), steps * step_s)
-            mem = memory(model, cfg, tcfg, (longest_src, longest_tgt), lm, bf16)
+            mem = memory(model, cfg, shape, bf16)
             rows.append(Row(variant, scale, model.param_counts()["total"], per_token, tokens, steps,
                             per_point if scale is None else len(params.seeds), seconds, mem,
                             mem["total"] <= capacity))
