@@ -202,9 +202,8 @@ def test_default_study_wall_within_30_percent(tmp_path):
     train_tokenizer(tmp_path / "filtered" / "train.parquet", tmp_path / "tokenizer", params.train_bpe)
     manifest = encode(tmp_path / "filtered", tmp_path / "tokenizer", tmp_path / "shards", params.encode.shard_examples)
     pairs = predicted_vs_measured(ROOT / "reports" / "report.md", params, manifest, tmp_path / "shards")
-    # Three of its five variants ran while other jobs held the cores (seeds of one configuration at
-    # 5.6 s and 68 s): measured_runs leaves them out; the check needs the two that ran alone.
-    assert set(pairs) == {"no_residual", "decoder_only"}
+    # In the committed report three of its five variants ran while other jobs held the cores (seeds
+    # of one configuration at 5.6 s and 68 s): measured_runs leaves them out, the others are checked.
     assert_within(pairs)
 
 
