@@ -221,3 +221,19 @@ def test_cpu_preset_wall_within_30_percent(study):
     params = load_params(report.parent / "params.yaml")
     assert params.model_dump() == load_params(ROOT / "presets" / f"{study}.yaml").model_dump()
     assert_within(predicted_vs_measured(report, params, None))
+
+
+@pytest.mark.slow
+def test_readme_preset_costs_are_current():
+    from scripts import plan_presets
+
+    plan_presets.main(["--root", str(ROOT), "--check"])
+
+
+def test_preset_costs_without_reports_is_one_line(tmp_path):
+    from scripts import plan_presets
+
+    (tmp_path / "README.md").write_text(f"{plan_presets.BEGIN}\n{plan_presets.END}\n")
+    with pytest.raises(SystemExit, match=r"^plan_presets: no committed report\.md") as info:
+        plan_presets.main(["--root", str(tmp_path)])
+    assert "\n" not in str(info.value)
