@@ -95,13 +95,13 @@ def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: 
 
 def table(rows: list[Row], facts: dict) -> str:
     head = ["variant", "parameters", "FLOPs / target token", "target tokens / run", "steps / run", "runs",
-            "time / run", "time, all runs", "peak memory / run (weights + grads + AdamW + activations)",
+            "time / run", "time, all runs", "peak memory / run (weights + grads + AdamW + activations + logits' grad)",
             f"fits in {fmt_bytes(facts['memory_bytes'])}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         m = r.memory
         mem = (f"{fmt_bytes(m['total'])} ({fmt_bytes(m['weights'])} + {fmt_bytes(m['gradients'])} + "
-               f"{fmt_bytes(m['adamw'])} + {fmt_bytes(m['activations'])}"
+               f"{fmt_bytes(m['adamw'])} + {fmt_bytes(m['activations'])} + {fmt_bytes(m['logits_gradient'])}"
                + (f" + bf16 copies {fmt_bytes(m['bf16_weight_copies'])}" if m["bf16_weight_copies"] else "") + ")")
         name = r.variant + (f" @ {r.scale}" if r.scale else "")
         lines.append(f"| {name} | {r.params:,} | {r.flops_per_token:.3g} | {r.tokens_per_run:,} | "
@@ -126,7 +126,8 @@ def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source:
            f"Sequence lengths: {lengths_source}.", "", table(rows, facts), "",
            "Time is training only, one run after another on one device (data stages and the evaluate "
            "stage are not included). Memory: fp32 weights, gradients and AdamW's two moments, plus the "
-           "activations of the largest batch (" + rows[0].memory["batch"] + " for the first row), "
+           "activations of the largest batch (" + rows[0].memory["batch"] + " for the first row) and the "
+           "fp32 gradient of its logits, "
            + ("float32 as on CPU." if cpu else "bf16 autocast as on CUDA.")]
     if not cpu:
         out.append("No GPU run has been measured here: the MFU is an assumption (--mfu), and the host's "

@@ -57,7 +57,10 @@ def test_tiny_seq2seq_counts_equal_the_real_model_and_train_stage(tiny_shards, t
         m = row.memory
         assert (m["weights"], m["gradients"], m["adamw"]) == (4 * row.params, 4 * row.params, 8 * row.params)
         assert m["bf16_weight_copies"] == 2 * row.params  # --device 4090: bf16 autocast
-        assert m["total"] == m["weights"] + m["gradients"] + m["adamw"] + m["bf16_weight_copies"] + m["activations"]
+        assert m["total"] == (m["weights"] + m["gradients"] + m["adamw"] + m["bf16_weight_copies"] + m["activations"]
+                              + m["logits_gradient"])
+        batch_rows, _, tgt_len = m["batch_shape"]
+        assert m["logits_gradient"] == 4 * batch_rows * tgt_len * cfg.vocab_size
         assert row.seconds_per_run == pytest.approx(row.flops_per_token * row.tokens_per_run
                                                     / (plan.gpu_peak("4090") * 0.5))
         # The real training loop on the same data: the steps and tokens the plan said.

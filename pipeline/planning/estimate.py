@@ -116,14 +116,17 @@ def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bo
 
 def memory(model, cfg, shape: tuple[int, int, int], bf16: bool) -> dict:
     """Peak bytes of one run: fp32 weights, their gradients, AdamW's moments, the activations of the
-    largest batch, `shape` = (rows, source length, target length), and under bf16 autocast the
-    weights' bf16 copies."""
+    largest batch, `shape` = (rows, source length, target length), under bf16 autocast the weights'
+    bf16 copies, and backward's largest transient: the fp32 gradient of the logits (the loss runs
+    in fp32), alive while the saved activations still are."""
     n = model.param_counts()["total"]
     rows, src_len, tgt_len = shape
     out = {"weights": 4 * n, "gradients": 4 * n, "adamw": ADAM_BYTES * n,
            "bf16_weight_copies": 2 * n if bf16 else 0,
            "activations": activation_bytes(model, cfg, rows, src_len, tgt_len, bf16),
-           "batch": f"{rows} x ({src_len} + {tgt_len}) tokens" if src_len else f"{rows} x {tgt_len} tokens"}
+           "logits_gradient": 4 * rows * tgt_len * cfg.vocab_size,
+           "batch": f"{rows} x ({src_len} + {tgt_len}) tokens" if src_len else f"{rows} x {tgt_len} tokens",
+           "batch_shape": [rows, src_len, tgt_len]}
     out["total"] = sum(v for v in out.values() if isinstance(v, int))
     return out
 
