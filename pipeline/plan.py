@@ -127,7 +127,7 @@ def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source:
            "Time is training only, one run after another on one device (data stages and the evaluate "
            "stage are not included). Memory: fp32 weights, gradients and AdamW's two moments, plus the "
            "activations of the largest batch (" + rows[0].memory["batch"] + " for the first row) and the "
-           "fp32 gradient of its logits, "
+           "fp32 gradient of its logits (backward's other transients are not counted: leave headroom), "
            + ("float32 as on CPU." if cpu else "bf16 autocast as on CUDA.")]
     if not cpu:
         out.append("No GPU run has been measured here: the MFU is an assumption (--mfu), and the host's "
