@@ -1,0 +1,201 @@
+"""`python -m pipeline.plan`: what params.yaml will cost, known before `dvc repro` spends it.
+
+    python -m pipeline.plan                          # this machine's CPU
+    python -m pipeline.plan --device h100 --mfu 0.4  # or a100 | 4090: datasheet peak x MFU
+    python -m pipeline.plan --params presets/tinystories.yaml --device 4090 --json
+
+Not a DVC stage: it reads params.yaml (and, where they exist, the encode stage's manifest and the
+committed study reports) and writes nothing. Per variant (and scale point) and in total it prints
+parameters, training FLOPs per target token, target tokens and runs, the estimated wall time and
+each run's peak memory against the device's.
+
+Design decisions:
+- Every model is built by the train stage's own code on the meta device (real parameter counts, no
+  weight allocated); FLOPs are the train stage's formula; activation memory is what one meta-device
+  forward keeps for backward (pipeline/planning/estimate.py).
+- GPU time: per step, the longer of its FLOPs / (datasheet bf16 peak in pipeline.training.device x
+  --mfu, default 0.35) and the host's own work per step (the CPU fit's per-step cost below).
+  CPU time: small models on a CPU are bound by a fixed cost per optimizer step as much as by
+  FLOPs, so wall = steps x per-step cost + FLOPs / (this CPU's cached peak x MFU), both fitted to
+  the wall times of committed CPU studies (reports/**/report.md, whose cost tables the report stage
+  writes from each run's train.json).
+- Not included: the data stages and the evaluate stage (its decoding cost depends on what the
+  model generates); the train stage's own validation passes are in the measured CPU walls only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from pipeline.params import load_params
+from pipeline.planning.calibration import calibrate, reference_peak
+from pipeline.planning.estimate import PlanError, Row, plan, ram_bytes, read_manifest
+
+# --device: (name in device.GPU_PEAK_BF16, memory in bytes from the vendor's data sheet).
+GPUS = {"h100": ("H100", 80 * 10**9), "a100": ("A100", 80 * 10**9), "4090": ("4090", 24 * 10**9)}
+DEFAULT_MFU = 0.35  # the issue's stated default; well-tuned bf16 training reports 35-50% (PaLM: 46%)
+
+
+def gpu_peak(name: str) -> float:
+    from pipeline.training.device import GPU_PEAK_BF16
+
+    return GPU_PEAK_BF16[name]
+
+
+def fmt_bytes(n: float) -> str:
+    for scale, name in ((10**9, "GB"), (10**6, "MB"), (10**3, "kB")):
+        if n >= scale:
+            return f"{n / scale:.3g} {name}"
+    return f"{n:.0f} B"
+
+
+def fmt_time(s: float) -> str:
+    if s < 90:
+        return f"{s:.3g} s"
+    if s < 5400:
+        return f"{s / 60:.3g} min"
+    return f"{s / 3600:.3g} h"
+
+
+def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: str = "measured") -> dict:
+    """Peak FLOP/s, memory and the time model of `device`: MFU and per-step cost (`step_s`).
+
+    cpu: both fitted to the committed studies (`reports`), the peak measured here once and cached
+    (cpu_peak="studies": the one the committed runs divided by). GPU: the datasheet peak x `mfu`
+    (default DEFAULT_MFU); no GPU run has been measured, so the host's work per step is the CPU fit's.
+    """
+    if device == "cpu":
+        from pipeline.training.device import _cpu_model, cpu_peak_flops
+
+        cal = calibrate(reports)
+        if cpu_peak == "studies":
+            peak, source = reference_peak(reports), "the peak the committed studies' runs divided by (their machine)"
+        else:
+            peak, source = cpu_peak_flops()
+        return {"device": f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)", "peak_flops": peak,
+                "peak_source": source, "memory_bytes": ram_bytes(), "memory_source": "this machine's RAM",
+                "mfu": cal.mfu if mfu is None else mfu, "step_s": cal.step_s,
+                "time_source": (f"MFU {mfu} given (--mfu), " if mfu is not None else "") + f"fitted to {cal.source}"}
+    name, memory_bytes = GPUS[device]
+    try:
+        host = calibrate(reports)
+    except PlanError:
+        host = None
+    return {"device": f"one {name}", "peak_flops": gpu_peak(name),
+            "peak_source": f"datasheet bf16 dense peak of the {name} (pipeline.training.device)",
+            "memory_bytes": memory_bytes, "memory_source": f"the {name}'s data sheet",
+            "mfu": DEFAULT_MFU if mfu is None else mfu, "step_s": host.step_s if host else 0.0,
+            "time_source": (f"MFU {'default' if mfu is None else 'given (--mfu)'}; host per-step cost fitted to "
+                            f"{host.source}" if host else "no committed CPU study found: FLOPs only")}
+
+
+def table(rows: list[Row], facts: dict) -> str:
+    head = ["variant", "parameters", "FLOPs / target token", "target tokens / run", "steps / run", "runs",
+            "time / run", "time, all runs", "peak memory / run (weights + grads + AdamW + activations + logits' grad)",
+            f"fits in {fmt_bytes(facts['memory_bytes'])}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        m = r.memory
+        mem = (f"{fmt_bytes(m['total'])} ({fmt_bytes(m['weights'])} + {fmt_bytes(m['gradients'])} + "
+               f"{fmt_bytes(m['adamw'])} + {fmt_bytes(m['activations'])} + {fmt_bytes(m['logits_gradient'])}"
+               + (f" + bf16 copies {fmt_bytes(m['bf16_weight_copies'])}" if m["bf16_weight_copies"] else "") + ")")
+        name = r.variant + (f" @ {r.scale}" if r.scale else "")
+        lines.append(f"| {name} | {r.params:,} | {r.flops_per_token:.3g} | {r.tokens_per_run:,} | "
+                     f"{r.steps_per_run:,} | {r.runs} | {fmt_time(r.seconds_per_run)} | "
+                     f"{fmt_time(r.seconds_per_run * r.runs)} | {mem} | {'yes' if r.fits else '**NO**'} |")
+    runs = sum(r.runs for r in rows)
+    lines.append(f"| **total** | | | {sum(r.tokens_per_run * r.runs for r in rows):,} | | {runs} | | "
+                 f"**{fmt_time(sum(r.seconds_per_run * r.runs for r in rows))}** | | |")
+    return "\n".join(lines)
+
+
+def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source: str) -> str:
+    cpu = facts["device"].startswith("cpu")
+    if cpu:
+        model = f"time = steps x {facts['step_s'] * 1000:.3g} ms + FLOPs / (peak x MFU {facts['mfu']:.3g})"
+    else:
+        model = (f"time per step = the longer of FLOPs / (peak x MFU {facts['mfu']:.3g}) and the host's "
+                 f"{facts['step_s'] * 1000:.3g} ms of work per step")
+    model += f" ({facts['time_source']})"
+    out = [f"Plan for {params_path} on {facts['device']}: peak {facts['peak_flops']:.3g} FLOP/s "
+           f"({facts['peak_source']}); {model}.",
+           f"Sequence lengths: {lengths_source}.", "", table(rows, facts), "",
+           "Time is training only, one run after another on one device (data stages and the evaluate "
+           "stage are not included). Memory: fp32 weights, gradients and AdamW's two moments, plus the "
+           "activations of the largest batch (" + rows[0].memory["batch"] + " for the first row) and the "
+           "fp32 gradient of its logits (backward's other transients are not counted: leave headroom), "
+           + ("float32 as on CPU." if cpu else "bf16 autocast as on CUDA.")]
+    if not cpu:
+        out.append("No GPU run has been measured here: the MFU is an assumption (--mfu), and the host's "
+                   "per-step cost is the CPU studies' (a GPU machine's host may be faster or slower).")
+    if "no encoded data" in lengths_source:
+        out.append("For the real sequence lengths, run `dvc repro encode` (the data stages only) and plan again.")
+    for r in rows:
+        if not r.fits:
+            out.append(f"CANNOT FIT: {r.variant}{' @ ' + r.scale if r.scale else ''} needs "
+                       f"{fmt_bytes(r.memory['total'])} per run, the device has {fmt_bytes(facts['memory_bytes'])} "
+                       f"({facts['memory_source']}); lower train.batch_tokens / train.batch_size or the model size.")
+    return "\n".join(out)
+
+
+def brief(params_path: Path, rows: list[Row], facts: dict, lm: bool, has_manifest: bool) -> str:
+    """One line: runs, time per run (range) and in all, the largest run's memory and whether it fits."""
+    per_run = sorted(r.seconds_per_run for r in rows)
+    span = fmt_time(per_run[0]) + ("" if fmt_time(per_run[-1]) == fmt_time(per_run[0]) else f"-{fmt_time(per_run[-1])}")
+    biggest = max(rows, key=lambda r: r.memory["total"])
+    how = (f"MFU {facts['mfu']:.2g} + {facts['step_s'] * 1000:.2g} ms/step, fitted" if facts["device"].startswith("cpu")
+           else f"MFU {facts['mfu']:.2g}, at least {facts['step_s'] * 1000:.2g} ms/step")
+    guess = "" if lm or has_manifest else "; seq2seq lengths at the filter's limits (rough until encode has run)"
+    fits = "fits" if all(r.fits for r in rows) else "DOES NOT FIT"
+    return (f"{params_path}: {sum(r.runs for r in rows)} runs on {facts['device']} ({facts['peak_flops']:.3g} FLOP/s "
+            f"x {how}): {span} each, {fmt_time(sum(r.seconds_per_run * r.runs for r in rows))} in all; peak memory "
+            f"{fmt_bytes(biggest.memory['total'])} per run of {fmt_bytes(facts['memory_bytes'])} ({fits}){guess}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--device", default="cpu", help=f"{' | '.join(GPUS)} | cpu (default: cpu, this machine)")
+    parser.add_argument("--mfu", type=float, help=f"model FLOPs utilisation (GPU default {DEFAULT_MFU}; "
+                        "CPU default: fitted to the committed studies)")
+    parser.add_argument("--shards", type=Path, default=Path("data/shards"),
+                        help="the encode stage's output: its manifest gives the vocabulary and sequence lengths")
+    parser.add_argument("--calibration", type=Path, default=Path("reports"),
+                        help="committed CPU study reports (every report.md below this folder) the CPU time is fitted to")
+    parser.add_argument("--cpu-peak", choices=("measured", "studies"), default="measured",
+                        help="cpu: this machine's float32 peak (measured once, cached), or the one the committed "
+                        "studies ran at (their machine; a measurement on a busy machine reads low)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    parser.add_argument("--brief", action="store_true", help="one line: runs, time, memory (the README's lines)")
+    args = parser.parse_args(argv)
+    try:
+        if args.device not in (*GPUS, "cpu"):
+            raise PlanError(f"--device: unknown device {args.device!r} (choose {', '.join(GPUS)} or cpu)")
+        if args.mfu is not None and not 0 < args.mfu <= 1:
+            raise PlanError(f"--mfu: {args.mfu:g} is not a fraction in (0, 1]")
+        params = load_params(args.params)
+        reports = sorted(args.calibration.rglob("report.md"))
+        facts = device_facts(args.device, args.mfu, reports, args.cpu_peak)
+        manifest = read_manifest(args.shards)
+        rows, why = plan(params, manifest, args.device, facts["peak_flops"], facts["mfu"], facts["step_s"],
+                         facts["memory_bytes"], args.shards)
+    except (ValueError, OSError) as exc:  # ParamsError and PlanError are ValueErrors
+        raise SystemExit(f"plan: {str(exc).strip().splitlines()[0]}") from None
+    if args.json:
+        print(json.dumps({"params": str(args.params), **facts, "lengths": why,
+                          "rows": [asdict(r) for r in rows],
+                          "total": {"runs": sum(r.runs for r in rows),
+                                    "seconds": sum(r.seconds_per_run * r.runs for r in rows),
+                                    "all_fit": all(r.fits for r in rows)}}, indent=2))
+    elif args.brief:
+        print(brief(args.params, rows, facts, why.startswith("language"), manifest is not None))
+    else:
+        print(report_text(args.params, rows, facts, why))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""What one params.yaml costs: per variant (and scale point) the parameters, FLOPs per target token,
+tokens, steps and runs, the wall time under a given time model, and each run's peak memory.
+
+- Every model is built by the train stage's own code (`resolve_variant`, `model_config`,
+  `build_model`) on the meta device: parameter counts are the real ones, and no weight is allocated.
+- FLOPs are the train stage's formula (`pipeline.train.flops_per_target_token`).
+- Activation memory is not a formula: one forward pass on the meta device at the configured batch
+  shape, with autograd's saved-tensor hook summing every tensor kept for the backward pass.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline.params import Params, model_config, resolve_variant
+from pipeline.train import flops_budget_tokens, flops_per_target_token
+
+ADAM_BYTES = 8  # AdamW keeps two fp32 moments per parameter
+
+
+class PlanError(ValueError):
+    """A bad argument or file; its message names it."""
+
+
+@dataclass
+class Row:
+    """One model configuration: a variant, or a variant at one point of `scales`."""
+    variant: str
+    scale: str | None
+    params: int
+    flops_per_token: float
+    tokens_per_run: int
+    steps_per_run: int
+    runs: int
+    seconds_per_run: float
+    memory: dict  # bytes: weights, gradients, adamw, activations, total
+    fits: bool
+
+
+def ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def read_manifest(shards: Path) -> dict | None:
+    path = shards / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def tokenizer_ids(params: Params, manifest: dict | None) -> dict:
+    """The ids a ModelConfig takes from the tokenizer: the encoded data's if there is some, else
+    train_bpe's settings (for a char model its vocab_size is the stated upper bound)."""
+    if manifest is not None:
+        return {k: manifest[k] for k in ("vocab_size", "pad_id", "bos_id", "eos_id")}
+    tok = params.train_bpe
+    return {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id}
+
+
+def lengths(params: Params, manifest: dict | None, lm: bool, context: int) -> tuple[float, float, int, int, str]:
+    """(mean source, mean target, longest source, longest target, where they come from): the means
+    set FLOPs per token as the train stage counts them, the longest the batch that peaks memory."""
+    if lm:
+        return 0.0, float(context), 0, context, "language modelling: train.context"
+    f, cap = params.filter, params.encode.max_source_tokens
+    longest_src = min(cap, f.max_source_tokens) if cap else f.max_source_tokens
+    longest_tgt = f.max_target_tokens + 1  # + BOS (input) / EOS (label)
+    if manifest is not None:
+        split = manifest["splits"]["train"]
+        n = max(1, split["examples"])
+        return (split["src_tokens"] / n, split["tgt_tokens"] / n + 1, longest_src, longest_tgt,
+                "the encoded training split (manifest.json, shards): its mean lengths and the train stage's batch plan")
+    return (float(longest_src), float(longest_tgt), longest_src, longest_tgt,
+            "no encoded data yet (no manifest.json in --shards): every example at the filter's limits, a "
+            "pre-token or character counted as one token (a rough guess: run the encode stage for the real means)")
+
+
+def meta_model(resolved: dict, ids: dict, where: str):
+    from model import build_model
+
+    cfg = model_config(resolved["model"], ids, where)
+    with torch.device("meta"):
+        return cfg, build_model(cfg)
+
+
+def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bool) -> int:
+    """Bytes autograd keeps for the backward pass of one batch (a forward pass on the meta device).
+
+    Views count once (by their base tensor); parameters are counted as weights, not here. bf16
+    autocast halves the floating-point activations (an approximation: it keeps norms and softmax
+    statistics in fp32)."""
+    seen: dict[int, torch.Tensor] = {}
+    weights = {id(p) for p in model.parameters()}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if id(base) not in weights:
+            seen[id(base)] = base
+        return t
+
+    if cfg.arch != "encoder_decoder":  # one packed sequence; packing reads lengths, which meta cannot
+        src_len, tgt_len = 0, src_len + tgt_len  # (logits at source positions too: a slight overcount)
+    src = torch.ones(rows, src_len, dtype=torch.long, device="meta") if src_len else None
+    tgt = torch.ones(rows, tgt_len, dtype=torch.long, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(src, tgt, tgt)
+    total = 0
+    for t in seen.values():
+        size = t.element_size() // 2 if bf16 and t.is_floating_point() else t.element_size()
+        total += t.numel() * size
+    return total
+
+
+def memory(model, cfg, shape: tuple[int, int, int], bf16: bool) -> dict:
+    """Peak bytes of one run: fp32 weights, their gradients, AdamW's moments, the activations of the
+    largest batch, `shape` = (rows, source length, target length), under bf16 autocast the weights'
+    bf16 copies, and backward's largest transient: the fp32 gradient of the logits (the loss runs
+    in fp32), alive while the saved activations still are."""
+    n = model.param_counts()["total"]
+    rows, src_len, tgt_len = shape
+    out = {"weights": 4 * n, "gradients": 4 * n, "adamw": ADAM_BYTES * n,
+           "bf16_weight_copies": 2 * n if bf16 else 0,
+           "activations": activation_bytes(model, cfg, rows, src_len, tgt_len, bf16),
+           "logits_gradient": 4 * rows * tgt_len * cfg.vocab_size,
+           "batch": f"{rows} x ({src_len} + {tgt_len}) tokens" if src_len else f"{rows} x {tgt_len} tokens",
+           "batch_shape": [rows, src_len, tgt_len]}
+    out["total"] = sum(v for v in out.values() if isinstance(v, int))
+    return out
+
+
+def guessed_shape(cfg, tcfg: dict, longest: tuple[int, int]) -> tuple[int, int, int]:
+    """The largest seq2seq batch without data: the longest examples, as many as batch_tokens holds."""
+    src_len, tgt_len = (min(n, cfg.max_len) for n in longest)  # the model takes no longer
+    if cfg.arch != "encoder_decoder" and src_len + tgt_len > cfg.max_len:  # one packed sequence
+        src_len = max(1, cfg.max_len - tgt_len)
+    return max(1, tcfg["batch_tokens"] // (src_len + tgt_len)), src_len, tgt_len
+
+
+def tokens_and_steps(tcfg: dict, per_token: float, mean_src: float, mean_tgt: float, lm: bool) -> tuple[int, int]:
+    """(target tokens, optimizer steps) of one run from the budget, without data (seq2seq: padding
+    ignored, so the steps are a floor)."""
+    per_batch = tcfg["batch_size"] * tcfg["context"] if lm else tcfg["batch_tokens"] * mean_tgt / (mean_src + mean_tgt)
+    per_step = per_batch * tcfg["grad_accum"]
+    if tcfg["budget_steps"] is not None:
+        return int(tcfg["budget_steps"] * per_step), tcfg["budget_steps"]
+    tokens = budget_tokens(tcfg, per_token)
+    steps = max(1, math.ceil(tokens / per_step))
+    # Training stops at the first whole step past the budget: a language model's steps are all equal.
+    return (steps * per_step if lm else tokens), steps
+
+
+def budget_tokens(tcfg: dict, per_token: float) -> int:
+    if tcfg["budget_flops"] is not None:
+        return flops_budget_tokens(tcfg["budget_flops"], per_token)
+    return tcfg["budget_tokens"]
+
+
+def planned_batches(split, manifest: dict, tcfg: dict, seed: int, per_token: float):
+    """(target tokens, steps, largest batch shape) of a seq2seq run on the encoded data: the train
+    stage's own batch plan (`trainer.plan_steps`), padding included."""
+    from pipeline.training import trainer
+
+    ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
+    data = trainer.Data(task=manifest["task"], train=split, val=None, ids=ids, batch_tokens=tcfg["batch_tokens"],
+                        batch_size=tcfg["batch_size"], context=tcfg["context"], seed=seed)
+    steps, tokens = trainer.plan_steps(data, budget_tokens(tcfg, per_token), tcfg["budget_steps"], tcfg["grad_accum"])
+    shapes = [(len(idx), max(len(split.src[i]) for i in idx), max(len(split.tgt[i]) for i in idx) + 1)
+              for idx in data.epoch(0)]
+    return tokens, steps, max(shapes, key=lambda s: s[0] * (s[1] + s[2]))
+
+
+def task_of(params: Params) -> str:
+    from pipeline.preset import source_task
+
+    return source_task(params)
+
+
+def plan(params: Params, manifest: dict | None, device: str, peak: float, mfu: float, step_s: float,
+         capacity: int, shards: Path | None = None) -> tuple[list[Row], str]:
+    """One Row per variant and scale point, and where the sequence lengths come from.
+
+    CPU: steps x `step_s` (the per-step cost) + FLOPs / (peak x MFU). GPU: the device computes while
+    the host prepares the next step's launches, so a step takes the longer of its FLOPs at peak x
+    MFU and `step_s`, the host's own work per step. With the encoded data (`manifest` and its
+    `shards`), a seq2seq run's steps, tokens and largest batch are the train stage's own plan."""
+    lm = task_of(params) == "language_modeling"
+    ids = tokenizer_ids(params, manifest)
+    bf16 = device != "cpu"  # the train stage autocasts to bf16 on CUDA only
+    split = None
+    if manifest is not None and shards is not None and not lm:
+        from pipeline.training.batching import load_split
+
+        split = load_split(shards, manifest, "train")
+    rows, why = [], ""
+    per_point = len(params.seeds) * (1 + len(params.lr_sweep))  # the lr points train the same model
+    for scale in (None, *params.scales):
+        for variant in params.ablations:
+            where = f"ablations.{variant}" + (f" at scales.{scale}" if scale else "")
+            resolved = resolve_variant(params, variant, scale)
+            tcfg = resolved["train"]
+            mean_src, mean_tgt, longest_src, longest_tgt, why = lengths(params, manifest, lm, tcfg["context"])
+            cfg, model = meta_model(resolved, ids, where)
+            per_token = flops_per_target_token(model, cfg, mean_src, mean_tgt)
+            if lm:
+                tokens, steps = tokens_and_steps(tcfg, per_token, mean_src, mean_tgt, lm)
+                shape = (tcfg["batch_size"], 0, tcfg["context"])
+            elif split is not None:
+                tokens, steps, shape = planned_batches(split, manifest, tcfg, params.seeds[0], per_token)
+            else:
+                tokens, steps = tokens_and_steps(tcfg, per_token, mean_src, mean_tgt, lm)
+                shape = guessed_shape(cfg, tcfg, (longest_src, longest_tgt))
+            flops = per_token * tokens
+            if device == "cpu":
+                seconds = steps * step_s + flops / (peak * mfu)
+            else:
+                seconds = max(flops / (peak * mfu), steps * step_s)
+            mem = memory(model, cfg, shape, bf16)
+            rows.append(Row(variant, scale, model.param_counts()["total"], per_token, tokens, steps,
+                            per_point if scale is None else len(params.seeds), seconds, mem,
+                            mem["total"] <= capacity))
+    return rows, why

@@ -1,0 +1,242 @@
+"""pipeline.plan: its counts equal the real model's and the train stage's, its memory terms add up,
+bad input is one line, a run too big for the device says so, and its CPU wall times match the
+committed studies' measured ones (no timing here: the walls come from the committed report.md files,
+which the report stage writes from each run's train.json)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from model import build_model
+from pipeline import plan
+from pipeline.planning import calibration, estimate
+from pipeline.params import Params, load_params, model_config, resolve_variant
+from pipeline.train import flops_per_target_token, mean_lengths
+from pipeline.training.batching import load_split, read_manifest
+from tests.tiny_project import tiny_params
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = [ROOT / "reports" / "report.md", *sorted((ROOT / "reports" / "studies").glob("*/report.md"))]
+
+
+def write(path: Path, params: dict) -> Path:
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def rows_for(params: Params, manifest: dict | None, device: str = "4090", mfu: float = 0.5, step_s: float = 0.0,
+             shards: Path | None = None):
+    name, capacity = plan.GPUS.get(device, (None, estimate.ram_bytes()))
+    peak = plan.gpu_peak(name) if name else 1e11
+    return estimate.plan(params, manifest, device, peak, mfu, step_s, capacity, shards)[0]
+
+
+def test_tiny_seq2seq_counts_equal_the_real_model_and_train_stage(tiny_shards, tmp_path):
+    from pipeline.training import trainer
+
+    params = load_params(write(tmp_path / "params.yaml", tiny_params(seeds=[0])))
+    shards = tiny_shards / "shards"
+    manifest = read_manifest(shards)
+    rows = rows_for(params, manifest, shards=shards)
+    assert [r.variant for r in rows] == list(params.ablations)
+    split = load_split(shards, manifest, "train")
+    for row in rows:
+        resolved = resolve_variant(params, row.variant)
+        cfg = model_config(resolved["model"], manifest, row.variant)
+        torch.manual_seed(0)
+        model = build_model(cfg)  # real weights, as the train stage builds them
+        assert row.params == model.param_counts()["total"]
+        assert row.flops_per_token == pytest.approx(flops_per_target_token(model, cfg, *mean_lengths(
+            split, resolved["train"], False)))
+        assert row.runs == len(params.seeds)
+        m = row.memory
+        assert (m["weights"], m["gradients"], m["adamw"]) == (4 * row.params, 4 * row.params, 8 * row.params)
+        assert m["bf16_weight_copies"] == 2 * row.params  # --device 4090: bf16 autocast
+        assert m["total"] == (m["weights"] + m["gradients"] + m["adamw"] + m["bf16_weight_copies"] + m["activations"]
+                              + m["logits_gradient"])
+        batch_rows, _, tgt_len = m["batch_shape"]
+        assert m["logits_gradient"] == 4 * batch_rows * tgt_len * cfg.vocab_size
+        assert row.seconds_per_run == pytest.approx(row.flops_per_token * row.tokens_per_run
+                                                    / (plan.gpu_peak("4090") * 0.5))
+        # The real training loop on the same data: the steps and tokens the plan said.
+        data = trainer.Data(task=manifest["task"], train=split, val=split,
+                            ids={k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")},
+                            batch_tokens=resolved["train"]["batch_tokens"], batch_size=resolved["train"]["batch_size"],
+                            context=resolved["train"]["context"], seed=0)
+        result = trainer.train(model, data, resolved["train"], tmp_path / row.variant, "plan-test", log=lambda *a: None)
+        assert (row.steps_per_run, row.tokens_per_run) == (result["steps"], result["tokens_trained"])
+    # Without the encoded data the budget is the tokens, and the steps ignore padding (fewer).
+    for guess, row in zip(rows_for(params, None), rows):
+        assert guess.tokens_per_run == params.train.budget_tokens and guess.steps_per_run <= row.steps_per_run
+
+
+def test_language_model_tokens_steps_and_activations_by_hand(tmp_path):
+    lm = tiny_params(
+        data={"source": "local", "local": {"task": "language_modeling", "paths": {"train": "x.txt"}}},
+        model={"arch": "decoder_only", "d_model": 32, "n_heads": 2, "n_decoder_layers": 2, "d_ff": 64,
+               "max_len": 64, "dropout": 0.0},
+        train={"budget_steps": 7, "batch_size": 3, "context": 16, "grad_accum": 2, "device": "cpu"},
+        lr_sweep=[0.01], scales={"wide": {"model": {"d_model": 64}}})
+    params = load_params(write(tmp_path / "params.yaml", lm))
+    rows = rows_for(params, None, device="cpu")
+    main = [r for r in rows if r.scale is None]
+    wide = [r for r in rows if r.scale == "wide"]
+    assert len(main) == len(wide) == len(params.ablations)
+    for row in main:
+        assert row.tokens_per_run == 7 * 3 * 16 * 2 and row.steps_per_run == 7
+        assert row.runs == len(params.seeds) * 2  # train.lr and the one lr_sweep point
+        assert row.memory["bf16_weight_copies"] == 0  # cpu trains in float32
+    assert all(w.params > m.params and w.runs == len(params.seeds) for w, m in zip(wide, main))
+    # The logits of one batch (batch x context x vocab, fp32) are kept for the loss's backward:
+    # the activations hold at least them, and far less than a thousand times them.
+    logits = 3 * 16 * params.train_bpe.vocab_size * 4
+    assert logits < main[0].memory["activations"] < 1000 * logits
+
+
+def test_gpu_step_is_never_shorter_than_the_hosts_work(tiny_shards, tmp_path):
+    params = load_params(write(tmp_path / "params.yaml", tiny_params()))
+    manifest = read_manifest(tiny_shards / "shards")
+    flops_only = rows_for(params, manifest)
+    hosted = rows_for(params, manifest, step_s=0.25)
+    for fast, slow in zip(flops_only, hosted):
+        assert slow.seconds_per_run == pytest.approx(max(fast.seconds_per_run, 0.25 * slow.steps_per_run))
+        assert slow.seconds_per_run > fast.seconds_per_run  # a tiny model: the host's work decides
+
+
+@pytest.mark.parametrize("switches, rows, src_len, tgt_len", [
+    ({"arch": "encoder_decoder", "n_encoder_layers": 2}, 8, 40, 20),
+    ({"arch": "decoder_only", "positional": "rope", "norm": "rmsnorm", "norm_position": "pre", "ffn": "swiglu"}, 4, 0, 64),
+    ({"arch": "decoder_only", "relative_bias": True, "dropout": 0.1}, 4, 0, 64),
+])
+def test_meta_activations_match_a_real_forward(switches, rows, src_len, tgt_len):
+    """The meta-device count against the tensors a real CPU forward keeps for backward (storages
+    counted once, weights left out). The meta trace takes attention's math path where the CPU's fused
+    kernel keeps less: it may overcount a little, never undercount."""
+    from model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=300, d_model=64, n_heads=4, n_decoder_layers=2, d_ff=128, max_len=128, **switches)
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    src = torch.randint(4, 300, (rows, src_len)) if src_len else None
+    tgt = torch.randint(4, 300, (rows, tgt_len))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(src, tgt, tgt)
+    real = sum(kept.values())
+    with torch.device("meta"):
+        meta_model = build_model(cfg)
+    counted = estimate.activation_bytes(meta_model, cfg, rows, src_len, tgt_len, bf16=False)
+    assert real <= counted <= 1.2 * real
+
+
+def test_bad_device_is_one_line(tmp_path, capsys):
+    path = write(tmp_path / "params.yaml", tiny_params())
+    with pytest.raises(SystemExit) as exc:
+        plan.main(["--params", str(path), "--device", "tpu"])
+    assert str(exc.value) == "plan: --device: unknown device 'tpu' (choose h100, a100, 4090 or cpu)"
+    with pytest.raises(SystemExit) as exc:
+        plan.main(["--params", str(tmp_path / "missing.yaml"), "--device", "h100"])
+    assert str(exc.value).startswith("plan: ") and "missing.yaml" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_run_too_big_for_the_device_says_so(tmp_path, capsys):
+    big = tiny_params(
+        data={"source": "local", "local": {"task": "language_modeling", "paths": {"train": "x.txt"}}},
+        model={"arch": "decoder_only", "d_model": 4096, "n_heads": 32, "n_decoder_layers": 32, "d_ff": 16384,
+               "max_len": 2048},
+        train={"batch_size": 16, "context": 2048}, train_bpe={"vocab_size": 32000},
+        ablations={"baseline": {}})
+    path = write(tmp_path / "params.yaml", big)
+    plan.main(["--params", str(path), "--device", "4090", "--shards", str(tmp_path / "none")])
+    out = capsys.readouterr().out
+    assert "CANNOT FIT: baseline needs" in out and "**NO**" in out
+    plan.main(["--params", str(path), "--device", "4090", "--json", "--shards", str(tmp_path / "none")])
+    result = json.loads(capsys.readouterr().out)
+    assert result["total"]["all_fit"] is False and result["rows"][0]["memory"]["total"] > 24 * 10**9
+
+
+# --- predicted vs measured on the committed CPU studies -------------------------------------------
+
+def predicted_vs_measured(report: Path, params: Params, manifest: dict | None,
+                          shards: Path | None = None) -> dict[str, tuple[float, float]]:
+    """{variant: (predicted s, measured s)}: the time model fitted to every other committed study
+    (the one checked is left out), at the peak the committed runs divided by."""
+    others = [r for r in REPORTS if r != report]
+    peak = calibration.reference_peak(REPORTS)
+    cal = calibration.fit([p for r in others for p in calibration.study_points(r)], peak, "others")
+    rows = estimate.plan(params, manifest, "cpu", peak, cal.mfu, cal.step_s, estimate.ram_bytes(), shards)[0]
+    measured = {r["variant"]: r["wall_s"] for r in calibration.measured_runs(report)}
+    return {r.variant: (r.seconds_per_run, measured[r.variant]) for r in rows if r.variant in measured}
+
+
+def assert_within(pairs: dict[str, tuple[float, float]], tolerance: float = 0.30) -> None:
+    assert pairs, "no variant of this study has a usable measured wall"
+    off = {v: p / m - 1 for v, (p, m) in pairs.items()}
+    assert all(abs(e) <= tolerance for e in off.values()), {v: f"{e:+.0%}" for v, e in off.items()}
+
+
+def test_default_study_wall_within_30_percent(tmp_path):
+    """The default study's data are generated (no download), so its manifest is the real one."""
+    from pipeline.download import write_synthetic
+    from pipeline.encode import encode
+    from pipeline.filter import filter_splits, read_raw
+    from pipeline.train_bpe import train_tokenizer
+
+    params = load_params(ROOT / "presets" / "synthetic.yaml")  # the committed params.yaml's preset
+    write_synthetic(tmp_path / "raw", n_examples=params.data.synthetic.n_examples, seed=params.data.synthetic.seed)
+    kept, _ = filter_splits(read_raw(tmp_path / "raw"), params.filter)
+    (tmp_path / "filtered").mkdir()
+    for split, frame in kept.items():
+        frame.to_parquet(tmp_path / "filtered" / f"{split}.parquet", index=False)
+    shutil.copy(tmp_path / "raw" / "meta.json", tmp_path / "filtered" / "meta.json")
+    train_tokenizer(tmp_path / "filtered" / "train.parquet", tmp_path / "tokenizer", params.train_bpe)
+    manifest = encode(tmp_path / "filtered", tmp_path / "tokenizer", tmp_path / "shards", params.encode.shard_examples)
+    pairs = predicted_vs_measured(ROOT / "reports" / "report.md", params, manifest, tmp_path / "shards")
+    # In the committed report three of its five variants ran while other jobs held the cores (seeds
+    # of one configuration at 5.6 s and 68 s): measured_runs leaves them out, the others are checked.
+    assert_within(pairs)
+
+
+@pytest.mark.parametrize("study", [
+    "tinystories_cpu",
+    pytest.param("nanogpt_shakespeare_char", marks=pytest.mark.xfail(strict=True, reason=(
+        "predicted 28-40% above the measured walls (72 s vs 52-56 s): its 2,000 small steps (12 x 64 "
+        "tokens) cost less each than the per-step cost the other studies fit"))),
+    pytest.param("tiny_shakespeare_cpu", marks=pytest.mark.xfail(strict=True, reason=(
+        "predicted 28-36% below the measured walls (56 s vs 77-87 s): dropout 0.1 and the relative "
+        "position bias cost time the FLOP count does not see"))),
+])
+def test_cpu_preset_wall_within_30_percent(study):
+    report = ROOT / "reports" / "studies" / study / "report.md"
+    params = load_params(report.parent / "params.yaml")
+    assert params.model_dump() == load_params(ROOT / "presets" / f"{study}.yaml").model_dump()
+    assert_within(predicted_vs_measured(report, params, None))
+
+
+@pytest.mark.slow
+def test_readme_preset_costs_are_current():
+    from scripts import plan_presets
+
+    plan_presets.main(["--root", str(ROOT), "--check"])
+
+
+def test_preset_costs_without_reports_is_one_line(tmp_path):
+    from scripts import plan_presets
+
+    (tmp_path / "README.md").write_text(f"{plan_presets.BEGIN}\n{plan_presets.END}\n")
+    with pytest.raises(SystemExit, match=r"^plan_presets: no committed report\.md") as info:
+        plan_presets.main(["--root", str(tmp_path)])
+    assert "\n" not in str(info.value)
