@@ -188,3 +188,5 @@ def test_two_machines_train_halves_of_the_grid_and_a_third_writes_the_report_tra
     assert sorted(train) == ["baseline-0", "no_positional-0"]
     assert train["baseline-0"][0] == live  # A's live run, completed by C's report, not copied
     assert all(t["report_run"] == report_ids[0] and t.get("evaluated") == "true" for _, t in train.values())
+    files = rest(mlflow_server, f"artifacts/list?run_id={report_ids[0]}")["files"]
+    assert "report.md" in {f["path"] for f in files}  # uploaded through the server
