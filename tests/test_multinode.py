@@ -38,17 +38,19 @@ def grid_repo(tmp_path_factory):
     return root / "project", env
 
 
-def test_grid_stages_pairs_each_train_stage_with_its_evaluation_in_dvc_order(grid_repo):
+def test_grid_stages_pairs_each_train_stage_with_its_evaluation_in_dvc_order(grid_repo, monkeypatch, capsys):
+    from scripts import grid_stages
+
     project, env = grid_repo
     out = sh([sys.executable, "-m", "scripts.grid_stages"], project, env).stdout.splitlines()
     runs = [f"{v}-{s}" for v in ("baseline", "no_positional") for s in (0, 1)]
     assert out == [f"train@{r} evaluate@{r}" for r in runs] + [f"train_lr@{r}-0.01 evaluate_lr@{r}-0.01" for r in runs]
-    assert sh([sys.executable, "-m", "scripts.grid_stages", "--count"], project, env).stdout == "8\n"
-    assert sh([sys.executable, "-m", "scripts.grid_stages", "--index", "5"], project, env).stdout == \
-        "train_lr@baseline-1-0.01 evaluate_lr@baseline-1-0.01\n"
-    bad = sh([sys.executable, "-m", "scripts.grid_stages", "--index", "8"], project, env, ok=False)
-    assert bad.returncode != 0 and bad.stdout == ""
-    assert bad.stderr.strip() == "grid_stages: task 8 is out of range: the grid has 8 tasks (0..7)"
+    monkeypatch.setattr(grid_stages, "dvc_stage_names", lambda: " ".join(out).split() + ["report"])
+    grid_stages.main(["--count"])
+    grid_stages.main(["--index", "5"])
+    assert capsys.readouterr().out == "8\ntrain_lr@baseline-1-0.01 evaluate_lr@baseline-1-0.01\n"
+    with pytest.raises(SystemExit, match=r"^grid_stages: task 8 is out of range: the grid has 8 tasks \(0..7\)$"):
+        grid_stages.main(["--index", "8"])
 
 
 FAKE_SBATCH = """#!/usr/bin/env bash
@@ -190,3 +192,32 @@ def test_two_machines_train_halves_of_the_grid_and_a_third_writes_the_report_tra
     assert all(t["report_run"] == report_ids[0] and t.get("evaluated") == "true" for _, t in train.values())
     files = rest(mlflow_server, f"artifacts/list?run_id={report_ids[0]}")["files"]
     assert "report.md" in {f["path"] for f in files}  # uploaded through the server
+
+
+def test_a_run_tracked_live_into_another_store_is_mirrored_from_its_files(tmp_path, monkeypatch, caplog):
+    """A machine trained live into its own mlflow.db (before MLFLOW_TRACKING_URI named the server):
+    the report elsewhere finds no such run in its store and mirrors the run's files, not nothing."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.reporting.mlflow_mirror import DIGEST_TAG, RunFiles, mirror_runs
+    from tests.fixtures.report.fake_runs import make_project as fake_project
+
+    monkeypatch.chdir(tmp_path)  # the default artifact root ./mlruns lands in tmp_path
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("ABLATION_LAB_TRACKING", "1")
+    p = fake_project(tmp_path, seeds=(0,), missing_runs=())
+    (p.runs / "baseline-0" / "config.json").write_text(json.dumps({"model": {"d_model": 32}}))
+    elsewhere = "f" * 32
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "report.md").write_text("# report\n")
+    with caplog.at_level("WARNING", logger="pipeline.report"):
+        report_id = mirror_runs([RunFiles("baseline", 0, p.runs / "baseline-0", p.evals / "baseline-0",
+                                          live_run_id=elsewhere)], tmp_path / "reports", "abl-test")
+    client = MlflowClient()
+    exp_id = client.get_experiment_by_name("abl-test").experiment_id
+    [run] = client.search_runs([exp_id], filter_string="tags.stage = 'train'")
+    assert run.info.run_name == "baseline-0" and run.info.run_id != elsewhere
+    assert run.data.tags["report_run"] == report_id and DIGEST_TAG in run.data.tags
+    assert run.data.params["model.d_model"] == "32" and run.data.tags["evaluated"] == "true"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"report: MLflow run {elsewhere} of baseline-0 is not in sqlite:///{tmp_path / 'mlflow.db'}; mirrored from its files"]
