@@ -5,14 +5,15 @@
 #   e.g. scripts/slurm_grid.sh --partition gpu --gres gpu:1 --time 4:00:00
 #
 # submits three jobs for the committed HEAD:
-#   data    the data stages (`dvc repro encode`), pushed with `dvc push --run-cache`;
+#   data    the data stages (`dvc repro --pull encode`), pushed with `dvc push --run-cache`;
 #   train   an array, task i = line i of `python -m scripts.grid_stages` (a train stage and its
 #           evaluate stage): `dvc repro --pull <stages>` (the data comes from the run-cache, only
 #           what this task needs is downloaded), then `dvc push --run-cache`; starts after data;
 #   report  after every task succeeded, in this checkout: `dvc repro --pull`, which trains
 #           nothing (every run comes from the run-cache) and writes the report;
 #           commit dvc.lock and reports/ afterwards.
-# SBATCH_OPTIONS go to the array (the GPU jobs); SLURM_GRID_CPU_OPTS (words) to data and report.
+# SBATCH_OPTIONS go to the array (the GPU jobs); SLURM_GRID_CPU_OPTS (words) to data and report;
+# SLURM_GRID_PARALLEL=M runs at most M tasks at once (`--array 0-N%M`).
 # Data and train jobs run in their own clone of HEAD (SLURM_GRID_SCRATCH, default $TMPDIR), deleted
 # when they end: tasks never share a DVC workspace, and edits made after submitting change nothing.
 # Needs: a default DVC remote committed in .dvc/config that every node reaches (s3://, ssh://, gs://
@@ -76,7 +77,7 @@ report)
     # shellcheck disable=SC2086 # SLURM_GRID_CPU_OPTS is a list of words
     data=$(submit --job-name ablation-data --output "$logs/%x-%j.out" ${SLURM_GRID_CPU_OPTS:-} "$self" data)
     train=$(submit --job-name ablation-train --output "$logs/%x-%A_%a.out" --dependency "afterok:$data" \
-        --array "0-$((count - 1))" "$@" "$self" task)
+        --array "0-$((count - 1))${SLURM_GRID_PARALLEL:+%$SLURM_GRID_PARALLEL}" "$@" "$self" task)
     report=$(submit --job-name ablation-report --output "$logs/%x-%j.out" --dependency "afterok:$train" \
         ${SLURM_GRID_CPU_OPTS:-} "$self" report)
     echo "slurm_grid: $GRID_REV: data job $data, $count train tasks in array $train, report job $report; logs in $logs"

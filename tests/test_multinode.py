@@ -72,7 +72,7 @@ def fake_sbatch(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], Pa
 def test_slurm_grid_submits_data_then_one_array_task_per_train_stage_then_the_report(grid_repo, tmp_path):
     project, env = grid_repo
     env, log = fake_sbatch(tmp_path, env)
-    env["SLURM_GRID_CPU_OPTS"] = "--partition cpu"
+    env.update(SLURM_GRID_CPU_OPTS="--partition cpu", SLURM_GRID_PARALLEL="3")
     out = sh(["bash", str(SLURM_GRID), "--gres", "gpu:1", "--time", "1:00:00"], project, env).stdout
     rev = sh(["git", "rev-parse", "HEAD"], project, env).stdout.strip()
     script, logs = project / "scripts" / "slurm_grid.sh", project / ".dvc" / "tmp" / "slurm"
@@ -80,7 +80,7 @@ def test_slurm_grid_submits_data_then_one_array_task_per_train_stage_then_the_re
         f"{project} {rev} | --parsable --export=ALL --job-name ablation-data --output {logs}/%x-%j.out "
         f"--partition cpu {script} data",
         f"{project} {rev} | --parsable --export=ALL --job-name ablation-train --output {logs}/%x-%A_%a.out "
-        f"--dependency afterok:101 --array 0-7 --gres gpu:1 --time 1:00:00 {script} task",
+        f"--dependency afterok:101 --array 0-7%3 --gres gpu:1 --time 1:00:00 {script} task",
         f"{project} {rev} | --parsable --export=ALL --job-name ablation-report --output {logs}/%x-%j.out "
         f"--dependency afterok:102 --partition cpu {script} report",
     ]
