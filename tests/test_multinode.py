@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -120,7 +121,8 @@ def mlflow_server(tmp_path):
     proc = subprocess.Popen(
         [Path(sys.executable).parent / "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination", str(folder / "artifacts")],
-        cwd=folder, stdout=open(folder / "server.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        cwd=folder, stdout=open(folder / "server.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True)  # its own process group: the uvicorn worker it starts ends with it
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -135,7 +137,7 @@ def mlflow_server(tmp_path):
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
 
 
