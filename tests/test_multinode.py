@@ -52,6 +52,14 @@ def test_grid_stages_pairs_each_train_stage_with_its_evaluation_in_dvc_order(gri
     assert capsys.readouterr().out == "8\ntrain_lr@baseline-1-0.01 evaluate_lr@baseline-1-0.01\n"
     with pytest.raises(SystemExit, match=r"^grid_stages: task 8 is out of range: the grid has 8 tasks \(0..7\)$"):
         grid_stages.main(["--index", "8"])
+    parts = []
+    for k in (1, 2, 3):  # three machines share the 8 tasks: each once, none twice
+        grid_stages.main(["--part", f"{k}/3"])
+        parts.append(capsys.readouterr().out.split())
+    assert parts[1] == out[1].split() + out[4].split() + out[7].split()  # tasks 1, 4, 7
+    assert sorted(sum(parts, [])) == sorted(" ".join(out).split())
+    with pytest.raises(SystemExit, match=r"^grid_stages: --part must be K/N with 1 <= K <= N \(machine K of N\), got '4/3'$"):
+        grid_stages.main(["--part", "4/3"])
 
 
 FAKE_SBATCH = """#!/usr/bin/env bash
