@@ -17,6 +17,8 @@ Training runs reach MLflow in one of two ways:
   of the report adds no copies.
 - live (`ABLATION_LAB_MLFLOW_LIVE=1`): the train stage mirrors as it trains, to watch long runs
   in `mlflow ui`; its run id is in train.json, and this stage adds the evaluation and the link.
+  A live run that is not in this stage's store (trained on another machine into another store)
+  is mirrored from its files instead.
 Every MLflow failure is a warning: the report is already on disk.
 """
 from __future__ import annotations
@@ -28,7 +30,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.tracking import dvc_experiment, experiment_id, flatten, open_client, problem, store_lock, tracking_enabled
+from pipeline.tracking import (dvc_experiment, experiment_id, flatten, open_client, problem, store_lock,
+                               tracking_enabled, tracking_uri)
 
 log = logging.getLogger("pipeline.report")
 DIGEST_TAG = "ablation_lab.digest"
@@ -92,6 +95,12 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | No
     for run in runs:
         run_id = run.live_run_id
         try:
+            if run_id is not None and not run_exists(client, run_id):
+                # Mirrored live into another store: on another machine, its own mlflow.db before
+                # MLFLOW_TRACKING_URI named the shared server. This store gets it from the files.
+                log.warning("report: MLflow run %s of %s is not in %s; mirrored from its files", run_id,
+                            run.name, tracking_uri())
+                run_id = None
             if run_id is None:
                 digest = run.digest()
                 run_id = mirrored.get(digest) or create_run(client, exp_id, run, digest)
@@ -119,6 +128,18 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | No
         log.warning("report: MLflow report run not completed (%s)", problem(exc))
         return None
     return report_id
+
+
+def run_exists(client, run_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise
+    return True
 
 
 def nest_history(client, known: list, heads: dict) -> None:
