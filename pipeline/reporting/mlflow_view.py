@@ -29,7 +29,7 @@ def view_state(metrics: tuple[str, ...]) -> dict:
         "searchFilter": CURRENT_RUNS, "orderByKey": "attributes.start_time", "orderByAsc": False,
         "startTime": "ALL", "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         # table and charts
-        "selectedColumns": ["attributes.`Dataset`"] + [f"metrics.`{m}`" for m in metrics],
+        "selectedColumns": ["attributes.`Dataset`", "attributes.`Duration`"] + [f"metrics.`{m}`" for m in metrics],
         "columnOrder": [], "columnWidths": {}, "runsExpanded": {}, "runsPinned": [], "runsHidden": [],
         "runsVisibilityMap": {}, "runsHiddenMode": "SHOW_ALL", "viewMaximized": False, "runListHidden": False,
         "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
