@@ -30,7 +30,10 @@ def view_state(metrics: tuple[str, ...]) -> dict:
         "startTime": "ALL", "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         # table and charts
         "selectedColumns": ["attributes.`Dataset`", "attributes.`Duration`"] + [f"metrics.`{m}`" for m in metrics],
-        "columnOrder": [], "columnWidths": {}, "runsExpanded": {}, "runsPinned": [], "runsHidden": [],
+        # the metrics beside the run names, where a 1280 px window shows them without scrolling
+        "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo"] + [f"metrics.`{m}`" for m in metrics]
+                       + ["attributes.`Duration`", "attributes.`Dataset`"],
+        "columnWidths": {}, "runsExpanded": {}, "runsPinned": [], "runsHidden": [],
         "runsVisibilityMap": {}, "runsHiddenMode": "SHOW_ALL", "viewMaximized": False, "runListHidden": False,
         "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
         # mean of each metric over a variant's seeds, one row per variant (expandable to its seeds)
