@@ -118,13 +118,6 @@ def test_errors_count_records_from_1_and_cut_a_long_record(tmp_path):
     assert len(str(info.value)) < len(str(path)) + 200 and "…" in str(info.value)
 
 
-def test_write_raw_counts_records_from_1():
-    from pipeline.sources.common import write_raw
-
-    with pytest.raises(ValueError, match=r"train.target: record 2: expected a string, got None"):
-        write_raw(Path("unused"), {"train": {"source": ["a", "b"], "target": ["x", None]}},
-                  {"source": "local", "task": "summarization"})
-
 
 # --- gzip, parallel text, nested records, text documents, misnamed files ----------------------
 
