@@ -171,14 +171,33 @@ class EvaluateParams(Section):
 class Reference(Section):
     """A published or separately measured result the baseline is compared with (e.g. nanoGPT's)."""
     metric: str  # an eval.json metric, e.g. val_loss
-    value: float
+    value: float  # its mean over the reference's runs
     source: str  # where the number comes from, shown beside it
+    # Its spread, so the report can test the difference instead of eyeballing it (Welch's t-test):
+    # `ci` (half-width of a 95% t-interval) or `std` (of the runs, ddof 1), with `n` runs.
+    ci: float | None = Field(None, ge=0)
+    std: float | None = Field(None, ge=0)
+    n: int | None = Field(None, ge=1)
+    description: str | None = None  # how it was measured, e.g. "whole validation split, seeds 1337-1339"
+
+    @model_validator(mode="after")
+    def _spread_with_n(self) -> "Reference":
+        if self.ci is not None and self.std is not None:
+            raise ValueError("give ci or std, not both")
+        if (self.ci is not None or self.std is not None) != (self.n is not None):
+            raise ValueError("ci or std needs n (the runs behind the value), and n needs ci or std")
+        if self.ci is not None and self.n < 2:
+            raise ValueError("ci needs n >= 2 (one run has no interval)")
+        return self
 
 
 class ReportParams(Section):
     baseline: str = "baseline"
     experiment: str = "ablation-lab"  # MLflow experiment that holds every run
-    notes: list[str] = []  # printed in the report's setup: what a preset matched, what differs
+    notes: list[str] = []  # the preset author's text, printed in the report as such (never checked)
+    # The data digest (the report's "Data as run" line) the notes were written for: when this
+    # run's data differs, the report flags the notes as possibly not describing it.
+    notes_data_digest: str | None = None
     reference: Reference | None = None
     # The one metric whose paired test vs the baseline is not corrected for multiplicity; None:
     # val_loss (pipeline.reporting.tables.DEFAULT_PRIMARY says why). The others are Holm-corrected.

@@ -1,11 +1,16 @@
 """Report stage: compare every variant with the baseline over seeds, as Markdown + HTML + figures.
 
     python -m pipeline.report --runs data/runs --evals data/eval \
-        --filter-metrics data/metrics/filter.json --params params.yaml --out-dir reports
+        --filter-metrics data/metrics/filter.json --raw data/raw --shards data/shards \
+        --params params.yaml --out-dir reports
 
 Design decisions:
-- Reads only the stage outputs (train.json, curves, eval.json, samples, attention, filter.json);
-  every number in the report comes from those files. A missing file or value is shown as missing
+- Reads only the stage outputs (train.json, curves, eval.json, samples, attention, filter.json,
+  data/raw/meta.json, the shards' manifest.json); every number in the report comes from those files.
+- The answer first: one verdict line per ablation on the primary metric and the Δ figure open the
+  report (pipeline.reporting.verdict); the tables that support them follow.
+- A preset's report.notes are quoted as its author's text beside the generated facts about the
+  data, and flagged when written for other data (pipeline.reporting.notes). A missing file or value is shown as missing
   (—), never as zero; an unreadable file stops the stage with one line naming it (exit code 1).
 - Statistics are in pipeline.reporting.stats (t-intervals over seeds, paired t-test vs the baseline, power,
   Holm). One primary metric (report.primary_metric) is tested uncorrected, the other metrics are
@@ -36,15 +41,18 @@ from pipeline.atomic import atomic_path
 from pipeline.params import ReportParams, TrainParams, read_yaml
 from pipeline.reporting import sweeps
 from pipeline.reporting.dvc_files import curve_tables, metrics_summary
-from pipeline.reporting.figures import figure_blocks
-from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs
-from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs
+from pipeline.reporting.figures import delta_blocks, figure_blocks
+from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
+from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs, run_data
+from pipeline.reporting.notes import notes_blocks
 from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Paragraph, to_html, to_markdown
 from pipeline.reporting.tables import (
     BASE_METRICS, DERIVED, TASK_METRICS, compute_results, cost_blocks, data_blocks, output_blocks, params_blocks,
     per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks, setup_blocks, unigram_plateau,
 )
+from pipeline.reporting.verdict import verdict_blocks
+from pipeline.tracking import tracking_root
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,7 @@ def render_report(
     baseline: str, budget: Mapping[str, object], out_dir: Path,
     notes: Sequence[str] = (), reference: Mapping | None = None, primary_metric: str | None = None,
     lr_sweep: Sequence[float] = (), main_lr: Mapping[str, float] | None = None, scales: Sequence[str] = (),
+    raw_dir: Path | None = None, shards: Path | None = None, notes_data_digest: str | None = None,
 ) -> list[RunFiles]:
     """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
 
@@ -71,6 +80,8 @@ def render_report(
         raise ReportInputError(f"baseline {baseline!r} is not one of the variants {variants}")
     runs = load_runs(Path(runs_dir), Path(evals_dir), variants, seeds)
     filt = load_filter_metrics(Path(filter_metrics))
+    raw_meta = read_json(Path(raw_dir) / "meta.json", dict) if raw_dir else None
+    manifest = read_json(Path(shards) / "manifest.json", dict) if shards else None
     results = compute_results(runs, variants, seeds, baseline, primary_metric)
     plateau = unigram_plateau(runs)
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
@@ -95,8 +106,11 @@ def render_report(
         (tmp / "figures").mkdir(parents=True)
         colors = variant_colors(variants)
         blocks = (
-            [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
-            + setup_blocks(runs, variants, seeds, baseline, budget, task, notes)
+            verdict_blocks(results, variants, baseline)
+            + delta_blocks(results, baseline, colors, tmp / "figures")
+            + [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
+            + setup_blocks(runs, variants, seeds, baseline, budget, task)
+            + notes_blocks(notes, notes_data_digest, raw_meta, filt, manifest)
             + results_blocks(results, variants, baseline, runs, seeds)
             + (sweeps.fair_lr_blocks(fair, baseline, main_lr, tmp / "figures", colors) if fair else [])
             + (sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
@@ -198,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=Path, required=True, help="train stage outputs (data/runs)")
     parser.add_argument("--evals", type=Path, required=True, help="evaluate stage outputs (data/eval)")
     parser.add_argument("--filter-metrics", type=Path, required=True, help="data/metrics/filter.json")
+    parser.add_argument("--raw", type=Path, help="download stage output (data/raw): its meta.json")
+    parser.add_argument("--shards", type=Path, help="encode stage output (data/shards): its manifest, its DVC hash")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--out-dir", type=Path, required=True, help="replaced as a whole (reports)")
     args = parser.parse_args(argv)
@@ -216,11 +232,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             primary_metric=report.get("primary_metric"),
             lr_sweep=params.get("lr_sweep") or [], main_lr=main_rates(params),
             scales=[str(s) for s in params.get("scales") or {}],
+            raw_dir=args.raw, shards=args.shards, notes_data_digest=report.get("notes_data_digest"),
         )
     except ReportInputError as e:
         raise SystemExit(f"report: {e}") from None
     log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
-    mirror_runs(runs, args.out_dir, str(report.get("experiment") or DEFAULT_EXPERIMENT))
+    data = run_data(params, args.shards, tracking_root() / "dvc.lock") if args.shards else None
+    summary = json.loads((args.out_dir / "metrics.json").read_text())  # MLflow's view: the same metrics
+    columns = tuple(m for m in (summary.get("primary_metric"), summary.get("main_metric")) if m)
+    mirror_runs(runs, args.out_dir, str(report.get("experiment") or DEFAULT_EXPERIMENT), data, columns)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -25,7 +26,9 @@ from pipeline.tracking import Tracker, git_revision, live_tracking, point_label
 from pipeline.training import trainer
 from pipeline.training.batching import lm_token_file, load_split, read_manifest
 from pipeline.training.checkpoint import config_hash, source_hash
-from pipeline.training.device import choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device
+from pipeline.training.device import (
+    _other_running_processes, choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device,
+)
 
 # The code a checkpoint is only valid for: the model and the train stage's own modules (its DVC deps).
 _HERE = Path(__file__).resolve().parent
@@ -52,6 +55,17 @@ def csv_text(header: list[str], rows: list[list]) -> str:
     writer.writerow(header)
     writer.writerows(rows)
     return buf.getvalue()
+
+
+def machine_load() -> dict:
+    """The machine's load now: /proc/loadavg's 1-minute average and the runnable processes besides
+    this one. Recorded at the start and end of training, so a timing taken while other work shared
+    the cores can be told from a quiet one (the report marks it). None where /proc is absent."""
+    try:
+        load = float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        load = None
+    return {"loadavg_1m": load, "other_running": _other_running_processes() if load is not None else None}
 
 
 def flops_per_target_token(model, cfg, mean_src: float, mean_tgt: float) -> float:
@@ -107,6 +121,9 @@ def mean_lengths(train_split, tcfg: dict, lm: bool) -> tuple[float, float]:
 
 def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
          track: bool, cluster, point: dict) -> dict:
+    # Wall-clock times of this stage (MLflow's runs table shows end - start as the run's Duration)
+    # and the load around it; a resumed run's times are those of its last, finishing process.
+    started_at, load_start = time.time(), machine_load()
     manifest = read_manifest(shards)
     torch.manual_seed(seed)  # the initial weights are part of what the seed decides
     cfg, model = build(resolved["model"], manifest, f"ablations.{variant}")
@@ -175,6 +192,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     except BaseException:
         tracker.end("FAILED")
         raise
+    finished_at, load_end = time.time(), machine_load()
     counts = model.param_counts()
     metrics = {
         **ident, "params_total": counts["total"], "params_by_component": counts,
@@ -182,6 +200,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
         "flops_per_token": flops_per_token, "flops_trained": flops_per_token * result["tokens_trained"],
         "budget_flops": tcfg["budget_flops"],
+        "started_at": started_at, "finished_at": finished_at, "load": {"start": load_start, "end": load_end},
     }
     if not cluster.main:
         return metrics

@@ -42,7 +42,9 @@ def study_row(folder: Path, root: Path) -> str:
     val_loss = _summary(variants[baseline].get("val_loss"))
     reference = params["report"].get("reference")
     if reference and reference["metric"] == "val_loss":
-        val_loss += f" (reference {fmt(reference['value'], 6)})"
+        spread = (f" ± {fmt(reference['ci'])}, n={reference['n']}" if reference.get("ci") is not None
+                  else f", sd {fmt(reference['std'])}, n={reference['n']}" if reference.get("std") is not None else "")
+        val_loss += f" (reference {fmt(reference['value'], 6)}{spread})"
     plateau = metrics.get("unigram_val_loss")
     mean = (variants[baseline].get("val_loss") or {}).get("mean")
     if plateau is not None and mean is not None:

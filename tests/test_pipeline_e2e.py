@@ -58,6 +58,14 @@ def test_dvc_repro_end_to_end_and_rerun_rules(tiny_repo, tmp_path):
     names = sorted(r.info.run_name for r in runs)
     assert names == sorted(f"{v}-{s}" for v in tiny["ablations"] for s in tiny["seeds"])
     assert all("val_loss" in r.data.metrics and "rouge1" in r.data.metrics for r in runs)
+    # Each run names its data by the hash DVC recorded for data/shards, and lasts as long as it trained.
+    outs = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["encode"]["outs"]
+    shards = next(o["md5"] for o in outs if o["path"] == "data/shards").removesuffix(".dir")
+    assert all([d.dataset.digest for d in r.inputs.dataset_inputs] == [shards] for r in runs)
+    for r in runs:
+        train = json.loads((project / "data" / "runs" / r.info.run_name / "train.json").read_text())
+        assert r.info.end_time - r.info.start_time == pytest.approx(
+            1000 * (train["finished_at"] - train["started_at"]), abs=1)
     assert "up to date" in sh(["dvc", "status"], project, env).stdout
 
 

@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import sentencepiece as spm
 import torch
 import yaml
+from scipy import stats as sps
 
 from model import ModelConfig, build_model
 from pipeline.download import check_local_paths
@@ -194,15 +196,27 @@ def test_editing_a_local_file_makes_dvc_rerun_download(tmp_path):
 
 def test_report_compares_the_baseline_with_a_stated_reference(tmp_path):
     p = make_project(tmp_path)
-    values = [p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds]
-    mean = sum(values) / len(values)
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {},
-                  tmp_path / "r", notes=["matched: everything"],
-                  reference={"metric": "val_loss", "value": mean + 0.5, "source": "a paper"})
-    md = (tmp_path / "r" / "report.md").read_text()
-    assert "Note (params.yaml report.notes): matched: everything" in md
-    line = next(x for x in md.splitlines() if x.startswith("Reference (a paper): val_loss"))
-    assert "lies outside it" in line and "at or better than the reference by 0.5" in line
+    values = np.array([p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds])
+    ref = values + np.array([0.5, 0.45, 0.56])  # a reference measured on three runs of its own
+
+    def reference_lines(reference: dict) -> list[str]:
+        render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "r",
+                      reference=reference)
+        md = (tmp_path / "r" / "report.md").read_text()
+        start = md.index("## Reference")
+        return md[start:md.index("##", start + 3)].splitlines()
+
+    lines = reference_lines({"metric": "val_loss", "value": float(values.mean() + 0.5), "source": "a paper"})
+    assert any("at or better than the reference by 0.5; not tested: the reference gives no spread" in x for x in lines)
+    lines = reference_lines({"metric": "val_loss", "value": float(ref.mean()), "std": float(ref.std(ddof=1)),
+                             "n": 3, "source": "a paper", "description": "whole split"})
+    assert any(x.startswith("Reference (a paper): val_loss = ") and "Measured: whole split." in x for x in lines)
+    test = sps.ttest_ind(values, ref, equal_var=False)
+    low, high = test.confidence_interval(0.95)
+    line = next(x for x in lines if x.startswith("baseline: "))
+    assert f"Difference baseline − reference: {values.mean() - ref.mean():.3g}, 95% CI [{low:.3g}, {high:.3g}]" in line
+    p_text = "<0.001" if test.pvalue < 0.001 else f"{test.pvalue:.3f}"
+    assert f"Welch t-test p = {p_text}" in line and line.endswith(": better.")
 
 
 def test_the_report_stage_leaves_committed_study_reports_alone(tmp_path):

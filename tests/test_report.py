@@ -335,3 +335,85 @@ def test_a_build_folder_left_by_a_killed_report_is_removed_by_the_next(tmp_path)
     render(p, out)
     assert sorted(q.name for q in out.iterdir()) == ["curves", "figures", "metrics.json", "report.html",
                                                     "report.md", "studies"]
+
+
+def test_report_opens_with_one_verdict_per_ablation_then_the_delta_figure(rendered):
+    p, out, md = rendered
+    lines = md.splitlines()
+    first_table = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    verdicts = [line for line in lines[:first_table] if line.split(":")[0] in p.variants]
+    assert [v.split(":")[0] for v in verdicts] == [v for v in p.variants if v != "baseline"]
+    assert next(i for i, line in enumerate(lines) if "figures/deltas.png" in line) < first_table
+    # the numbers are the Δ table's, read from eval.json
+    x = {s: p.eval_values[("no_ffn", s)]["val_loss"] - p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds}
+    d = np.array(list(x.values()))
+    half = sps.t.ppf(0.975, len(d) - 1) * sps.sem(d)
+    no_ffn = next(v for v in verdicts if v.startswith("no_ffn:"))
+    assert f"Δ {d.mean():+.3g} (95% CI [{d.mean() - half:.3g}, {d.mean() + half:.3g}], 3 paired seeds" in no_ffn
+    assert no_ffn.endswith("worse than baseline.")
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert html.index("<h2>Verdict</h2>") < html.index("<figure>") < html.index("<table>")
+
+
+def _with_load(p, variant: str, seed: int, start: float, end: float, threads: int = 2) -> None:
+    path = p.runs / f"{variant}-{seed}" / "train.json"
+    train = json.loads(path.read_text())
+    train.update(threads=threads, load={"start": {"loadavg_1m": start, "other_running": 0},
+                                        "end": {"loadavg_1m": end, "other_running": 3}})
+    path.write_text(json.dumps(train))
+
+
+def test_cost_table_marks_timings_taken_under_contention(tmp_path):
+    p = make_project(tmp_path)
+    for s in p.seeds:
+        _with_load(p, "baseline", s, 0.4, 1.9)  # a quiet machine: the run's own two threads
+        _with_load(p, "no_ffn", s, 0.5, 5.2 if s == 1 else 1.5)  # seed 1 shared the cores
+    md = (render(p) / "report.md").read_text(encoding="utf-8")
+    cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
+    assert not cost["baseline"]["wall time (s)"].endswith("⚠") and cost["baseline"]["load (max)"] == "1.9"
+    assert cost["no_ffn"]["wall time (s)"].endswith(" ⚠") and cost["no_ffn"]["tokens/s"].endswith(" ⚠")
+    assert cost["no_ffn"]["load (max)"] == "5.2" and cost["no_ffn"]["cores"] == "2"
+    assert cost["single_head"]["load (max)"] == "—"  # not recorded: unknown, not quiet
+    assert "understate this code's speed: no_ffn (seed 1)." in md
+
+
+def test_preset_notes_are_quoted_beside_the_generated_data_facts_and_flagged_on_other_data(tmp_path):
+    from pipeline.reporting.notes import data_digest
+
+    p = make_project(tmp_path)
+    raw = tmp_path / "data" / "raw"
+    meta = {"source": "local", "task": "summarization", "options": {"documents": "line"},
+            "files": [{"split": "train", "path": "data/local/mine.csv", "sha256": "ab" * 32}]}
+    raw.mkdir(parents=True)
+    (raw / "meta.json").write_text(json.dumps(meta))
+    shards = tmp_path / "data" / "shards"
+    shards.mkdir(parents=True)
+    (shards / "manifest.json").write_text(json.dumps({"vocab_size": 1234, "normalization": "NFKC"}))
+    digest = data_digest(meta)
+    note = "300 real CNN/DailyMail pairs: 240 train, 30 validation, 30 test"
+
+    def report(written_for):
+        render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "r",
+                      notes=[note], raw_dir=raw, shards=shards, notes_data_digest=written_for)
+        return (tmp_path / "r" / "report.md").read_text(encoding="utf-8")
+
+    md = report("0123456789abcdef")  # the preset's data, not this run's
+    facts = next(line for line in md.splitlines() if line.startswith("Data as run"))
+    assert "source local, task summarization, documents line" in facts
+    assert "examples kept: train 3,000, validation 380, test 390" in facts  # filter.json, not the note
+    assert "tokenizer: 1,234 tokens (NFKC)" in facts and f"data digest {digest}." in facts
+    assert "written for other data (digest 0123456789abcdef; this run's is " + digest in md
+    assert f"⚠ “{note}”" in md
+    md = report(digest)
+    assert f"written for this run's data (digest {digest})" in md and f"\n“{note}”\n" in md and "⚠ “" not in md
+    assert "report.notes_data_digest unset" in report(None)
+
+
+def test_data_digest_names_the_input_files_not_their_order_or_paths():
+    from pipeline.reporting.notes import data_digest
+
+    a = {"files": [{"path": "x/a", "sha256": "11"}, {"path": "x/b", "sha256": "22"}]}
+    b = {"files": [{"path": "y/b", "sha256": "22"}, {"path": "y/a", "sha256": "11"}]}
+    assert data_digest(a) == data_digest(b) != data_digest({"files": [{"sha256": "11"}]})
+    synthetic = {"source": "synthetic", "n_examples": 100, "seed": 0}
+    assert data_digest(synthetic) != data_digest({**synthetic, "seed": 1}) and data_digest(None) is None

@@ -129,3 +129,60 @@ def test_a_read_only_store_is_one_warning_that_says_so(tmp_path, monkeypatch, ca
         assert mirror_runs([], tmp_path / "report", "ablation-lab") is None
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and "is read-only" in said[0] and "Traceback" not in caplog.text, said
+
+
+def test_mirrored_runs_carry_training_times_their_dataset_and_a_comparison_view(tmp_path, monkeypatch):
+    from pipeline.reporting.mlflow_view import TAG_PREFIX, VIEW_ID
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # where the report stage finds dvc.lock
+    p = make_project(tmp_path, seeds=(0, 1), missing_runs=())
+    started = {}
+    for i, run_dir in enumerate(sorted(p.runs.iterdir())):
+        (run_dir / "config.json").write_text(json.dumps({"model": {"d_model": 32}}))
+        train = json.loads((run_dir / "train.json").read_text())
+        started[run_dir.name] = 1_700_000_000.25 + 100 * i
+        train.update(started_at=started[run_dir.name], finished_at=started[run_dir.name] + 7.5 + i)
+        (run_dir / "train.json").write_text(json.dumps(train))
+    old = p.runs / "baseline-1" / "train.json"  # written before start and end were recorded
+    train = json.loads(old.read_text())
+    del train["started_at"], train["finished_at"]
+    old.write_text(json.dumps(train))
+    os.utime(old, (1_700_005_000, 1_700_005_000))
+    shards = tmp_path / "data" / "shards"
+    shards.mkdir(parents=True)
+    (shards / "manifest.json").write_text("{}")
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  encode:\n    cmd: python -m pipeline.encode\n    outs:\n"
+        "    - path: data/shards\n      hash: md5\n      md5: 0123456789abcdef0123456789abcdef.dir\n")
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        f"seeds: [0, 1]\nablations: {{{', '.join(f'{v}: {{}}' for v in VARIANTS)}}}\n"
+        "data: {source: tiny_shakespeare, tiny_shakespeare: {split_unit: characters}}\n"
+        "report: {baseline: baseline, experiment: abl-test}\ntrain: {budget_tokens: 200000}\n", encoding="utf-8")
+    main(["--runs", str(p.runs), "--evals", str(p.evals), "--filter-metrics", str(p.filter_metrics),
+          "--shards", "data/shards", "--params", str(params), "--out-dir", str(tmp_path / "reports")])
+
+    client = mlflow_tracking.MlflowClient()
+    exp = client.get_experiment_by_name("abl-test")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id], filter_string="tags.stage = 'train'")}
+    for i, name in enumerate(sorted(runs)):
+        info = runs[name].info
+        if name == "baseline-1":  # the file's time and wall_time_s stand in
+            assert info.end_time == 1_700_005_000_000
+            wall_ms = p.train_values[("baseline", 1)]["wall_time_s"] * 1000
+            assert abs(info.end_time - info.start_time - wall_ms) <= 1  # whole milliseconds
+        else:
+            assert (info.start_time, info.end_time) == (int(started[name] * 1000), int((started[name] + 7.5 + i) * 1000))
+        (dataset,) = [d.dataset for d in runs[name].inputs.dataset_inputs]
+        assert (dataset.name, dataset.digest) == ("tiny_shakespeare", "0123456789abcdef0123456789abcdef")
+        assert json.loads(dataset.source)["tiny_shakespeare"] == {"split_unit": "characters"}
+    view = json.loads(exp.tags[TAG_PREFIX + VIEW_ID])
+    state = json.loads(view["state"])
+    assert view["name"] == "Compare variants" and isinstance(view["createdAt"], int)
+    assert state["selectedColumns"] == ["attributes.`Dataset`", "attributes.`Duration`", "metrics.`val_loss`",
+                                        "metrics.`rougeL`"]  # the primary metric, then the task metric
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "variant"}]
+    current = client.search_runs([exp.experiment_id], filter_string=state["searchFilter"])
+    assert sorted(r.info.run_name for r in current) == sorted(runs)  # the view's filter is valid MLflow search

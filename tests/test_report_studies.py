@@ -81,3 +81,14 @@ def test_a_derived_main_metric_shows_the_test_it_comes_from(tmp_path):
     report_studies.main(["--root", str(tmp_path)])
     row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| [toy]"))
     assert "no_positional +0.125 (test_loss p 0.004, worse)" in row
+
+
+def test_table_gives_the_reference_with_its_interval(tmp_path):
+    (tmp_path / "README.md").write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    write_study(tmp_path, "toy", 0.125)
+    params_path = tmp_path / "reports" / "studies" / "toy" / "params.yaml"
+    params = yaml.safe_load(params_path.read_text())
+    params["report"]["reference"].update(value=1.9007, ci=0.011, n=3)
+    params_path.write_text(yaml.safe_dump(params))
+    report_studies.main(["--root", str(tmp_path)])
+    assert "1.5 ± 0.02 (reference 1.9007 ± 0.011, n=3)" in (tmp_path / "README.md").read_text()

@@ -23,7 +23,8 @@ import pytest
 from PIL import Image
 
 from pipeline.report import render_report
-from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs
+from pipeline.reporting.mlflow_mirror import RunData, RunFiles, mirror_runs
+from pipeline.reporting.mlflow_view import VIEW_ID, VIEW_NAME
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
 
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -96,38 +97,64 @@ def mlflow_server(db: Path, log: Path):
 
 
 @pytest.mark.slow
-def test_mlflow_runs_page_shows_every_variant_and_seed(tmp_path, monkeypatch):
+def test_mlflow_runs_page_shows_every_run_its_training_time_and_its_data(tmp_path, monkeypatch):
     tracking = pytest.importorskip("mlflow.tracking")
     monkeypatch.chdir(tmp_path)  # the store's default artifact root, ./mlruns, lands in tmp_path
     db = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
     p = make_project(tmp_path, seeds=(0, 1), missing_runs=())
     runs = [RunFiles(v, s, p.runs / f"{v}-{s}", p.evals / f"{v}-{s}") for v in VARIANTS for s in (0, 1)]
-    for run in runs:  # the resolved params the train stage writes
+    durations = {}
+    for i, run in enumerate(runs):  # the resolved params and the stage's times the train stage writes
         (run.run_dir / "config.json").write_text(json.dumps({"model": {"d_model": 32}, "train": {"lr": 0.001}}))
+        train = json.loads((run.run_dir / "train.json").read_text())
+        durations[run.name] = 6.0 + 0.7 * i  # seconds, as a small run trains
+        train.update(started_at=1_700_000_000.0 + 60 * i, finished_at=1_700_000_000.0 + 60 * i + durations[run.name])
+        (run.run_dir / "train.json").write_text(json.dumps(train))
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "report.md").write_text("# Ablation report\n")
-    assert mirror_runs(runs, tmp_path / "reports", "ablation-lab") is not None
+    data = RunData("tiny_shakespeare", "0123456789abcdef0123456789abcdef", json.dumps({"data.source": "tiny_shakespeare"}))
+    assert mirror_runs(runs, tmp_path / "reports", "ablation-lab", data, ("val_loss", "rougeL")) is not None
     exp_id = tracking.MlflowClient().get_experiment_by_name("ablation-lab").experiment_id
 
-    png = tmp_path / "mlflow_runs.png"
+    png, view_png = tmp_path / "mlflow_runs.png", tmp_path / "mlflow_view.png"
     with mlflow_server(db, tmp_path / "mlflow-server.log") as base:
         url = f"{base}/#/experiments/{exp_id}/runs"
         chromium(tmp_path, url, f"--screenshot={png}")
         dom = chromium(tmp_path, url, "--dump-dom")
+        view = f"{url}?viewStateShareKey={VIEW_ID}"
+        chromium(tmp_path, view, f"--screenshot={view_png}")
+        view_dom = chromium(tmp_path, view, "--dump-dom")
+    (tmp_path / "mlflow_view.html").write_text(view_dom)  # kept beside the screenshots, to read on a failure
     assert_screenshot(png)
+    assert_screenshot(view_png)
     # Each training run is a row of its own: as children of the report run, the table would show
     # only a collapsed `report` row, and none of these names.
     texts = {t.strip() for t in re.findall(r">([^<>]+)<", dom)}
     assert {r.name for r in runs} | {"report"} <= texts
+    # Duration: the training time train.json recorded (MLflow writes "6.7s"), not the ms of mirroring
+    assert {f"{d:.1f}s" for d in durations.values()} <= texts, sorted(t for t in texts if t.endswith("s"))[:40]
+    assert len([t for t in texts if re.fullmatch(r"\d+ms", t)]) <= 1  # the report run's own: mirroring
+    assert any("tiny_shakespeare" in t for t in texts)  # the Dataset column
+    # The saved view: the metric columns, one row per variant (group by the `variant` tag)
+    view_texts = {t.strip() for t in re.findall(r">([^<>]+)<", view_dom)}
+    assert VIEW_NAME in view_texts and {"val_loss", "rougeL"} <= view_texts
+    assert {f"Group: {v}" for v in VARIANTS} <= view_texts, sorted(view_texts)[:80]
+    headers = {c: int(i) for i, c in re.findall(r'role="columnheader"[^>]*aria-colindex="(\d+)" col-id="([^"]+)"', view_dom)}
+    assert headers["metrics.`val_loss`"] < headers["metrics.`rougeL`"] < headers["attributes.`Dataset`"], headers
 
 
-# Added before </body>: the page's layout width against the window's, once everything has loaded.
+# Added before </body>: the page's layout width against the window's, and where the verdict and the
+# first figure sit, once everything (the embedded PNGs) has loaded.
 PROBE = ("<script>addEventListener('load', () => { const d = document.documentElement;"
-         " document.body.setAttribute('data-widths', d.scrollWidth + ' ' + d.clientWidth); });</script>")
+         " const box = e => { const r = e.getBoundingClientRect(); return Math.round(r.top) + ' ' + Math.round(r.bottom); };"
+         " const verdict = [...document.querySelectorAll('h2')].find(h => h.textContent === 'Verdict');"
+         " document.body.setAttribute('data-widths', d.scrollWidth + ' ' + d.clientWidth);"
+         " document.body.setAttribute('data-verdict', verdict ? box(verdict.nextElementSibling) : 'none');"
+         " document.body.setAttribute('data-figure', box(document.querySelector('figure img'))); });</script>")
 
 
-def test_report_html_fits_1280_px_with_wide_tables_scrolling_inside(tmp_path):
+def test_report_html_at_1280_px_opens_on_verdict_and_figure_without_sideways_scrolling(tmp_path):
     p = make_project(tmp_path)
     samples = p.evals / "baseline-0" / "samples.json"
     rows = json.loads(samples.read_text())
@@ -139,10 +166,17 @@ def test_report_html_fits_1280_px_with_wide_tables_scrolling_inside(tmp_path):
     page = (out / "report.html").read_text(encoding="utf-8")
     probe = out / "probe.html"
     probe.write_text(page.replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    found = re.search(r'data-widths="(\d+) (\d+)"', chromium(tmp_path, probe.as_uri(), "--dump-dom", budget_ms=5_000))
+    dom = chromium(tmp_path, probe.as_uri(), "--dump-dom", budget_ms=5_000)
+    found = re.search(r'data-widths="(\d+) (\d+)"', dom)
     assert found, "the probe script did not run"
     scroll_width, window_width = map(int, found.groups())
     assert scroll_width <= window_width, "the page scrolls sideways: a table or figure is wider than the window"
+    # The first screen (1280 x 900) holds the verdict and the whole Δ figure, above every table.
+    verdict_top, _ = map(int, re.search(r'data-verdict="(-?\d+) (-?\d+)"', dom).groups())
+    figure_top, figure_bottom = map(int, re.search(r'data-figure="(-?\d+) (-?\d+)"', dom).groups())
+    assert 0 <= verdict_top < figure_top < figure_bottom <= HEIGHT, (verdict_top, figure_top, figure_bottom)
+    assert 'src="data:image/png;base64,' in page[page.index("<figure>"):page.index("</figure>")]
+    assert page.index("<figure>") < page.index("<table>")
 
     png = tmp_path / "report.png"
     chromium(tmp_path, (out / "report.html").as_uri(), f"--screenshot={png}", budget_ms=5_000)

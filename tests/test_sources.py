@@ -263,7 +263,7 @@ def test_iwslt2017_reads_translation_structs_in_either_direction(hub, tmp_path, 
 
 def test_iwslt2017_rejects_rows_without_both_languages(hub, tmp_path):
     options = put_iwslt(hub, [{"de": "Danke.", "en": None}])
-    with pytest.raises(ValueError, match="row 0: translation must hold"):
+    with pytest.raises(ValueError, match=r"record 1: translation must hold strings 'en' and 'de' \(got \{"):
         run("iwslt2017", options, tmp_path)
 
 
@@ -312,7 +312,7 @@ def test_write_raw_rejects_bad_splits_and_values(tmp_path):
     meta = {"source": "x", "task": "translation"}
     with pytest.raises(ValueError, match="subset"):
         write_raw(tmp_path, {"dev": {"source": ["a"], "target": ["b"]}}, meta)
-    with pytest.raises(ValueError, match=r"train.target\[1\]: expected a string"):
+    with pytest.raises(ValueError, match=r"train.target: record 2: expected a string"):  # counted from 1
         write_raw(tmp_path, {"train": {"source": ["a", "b"], "target": ["c", None]}}, meta)
     with pytest.raises(ValueError, match="meta.task"):
         write_raw(tmp_path, {"train": {"source": ["a"], "target": ["b"]}}, {"task": "chat"})

@@ -105,8 +105,18 @@ def test_bad_input_is_a_one_line_error_naming_the_file_or_key(tmp_path, options,
 def test_non_string_values_are_rejected(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"source": "a", "target": 3}\n')
-    with pytest.raises(ValueError, match=r"row 0 column 'target' is 3, not a string"):
+    with pytest.raises(ValueError, match=r"record 1 column 'target' is 3, not a string"):
         run({"task": "summarization", "paths": {"train": str(path)}}, tmp_path)
+
+
+def test_errors_count_records_from_1_and_cut_a_long_record(tmp_path):
+    path = tmp_path / "t.jsonl"
+    big = {"body": "word " * 500}  # a whole article where a string belongs
+    path.write_text('{"source": "a", "target": "b"}\n' + json.dumps({"source": "c", "target": big}) + "\n")
+    with pytest.raises(ValueError, match=r"record 2 column 'target' is \{'body': 'word word") as info:
+        run({"task": "summarization", "paths": {"train": str(path)}}, tmp_path)
+    assert len(str(info.value)) < len(str(path)) + 200 and "…" in str(info.value)
+
 
 
 # --- gzip, parallel text, nested records, text documents, misnamed files ----------------------

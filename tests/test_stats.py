@@ -166,3 +166,17 @@ def test_paired_delta_reports_the_sd_of_the_differences():
     d = np.array([var[s] - base[s] for s in base])
     assert paired_delta(var, base, higher_better=False).sd == pytest.approx(d.std(ddof=1))
     assert paired_delta({0: 1.0}, {0: 2.0}, higher_better=False).sd is None
+
+
+def test_welch_from_summaries_matches_scipy_on_the_raw_values():
+    from pipeline.reporting.stats import sd_from_interval, summarize, welch
+
+    ours, ref = np.array([1.884, 1.893, 1.897]), np.array([1.8982, 1.8980, 1.9059])
+    s = summarize(ref)
+    assert sd_from_interval(s.half_width, s.n) == pytest.approx(ref.std(ddof=1))
+    w = welch(ours.mean(), ours.std(ddof=1), 3, ref.mean(), ref.std(ddof=1), 3)
+    assert w.p_value == pytest.approx(sps.ttest_ind(ours, ref, equal_var=False).pvalue)
+    assert w.diff == pytest.approx(ours.mean() - ref.mean())
+    low, high = sps.ttest_ind(ours, ref, equal_var=False).confidence_interval(0.95)
+    assert (w.diff - w.half_width, w.diff + w.half_width) == (pytest.approx(low), pytest.approx(high))
+    assert welch(1.0, 0.1, 1, 1.0, 0.1, 3) is None and welch(1.0, 0.0, 3, 1.0, 0.0, 3) is None

@@ -235,3 +235,20 @@ def test_the_default_store_is_the_repository_dvc_names_not_the_working_directory
     assert tracking_uri() == f"sqlite:///{workspace.resolve() / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert tracking_uri() == "http://127.0.0.1:5000"
+
+
+def test_train_json_records_the_stage_times_and_the_machine_load(tiny_shards, tmp_path, monkeypatch):
+    import os
+
+    from pipeline.train import machine_load
+
+    monkeypatch.setenv("ABLATION_LAB_MLFLOW_LIVE", "0")
+    before = time.time()
+    info = assert_dvc_outputs_complete(train_tiny(tiny_shards, tmp_path))
+    assert before <= info["started_at"] <= info["finished_at"] <= time.time()
+    assert info["finished_at"] - info["started_at"] >= info["wall_time_s"]  # the stage holds the training loop
+    for when in ("start", "end"):
+        load = info["load"][when]
+        assert load["loadavg_1m"] >= 0 and isinstance(load["other_running"], int) and load["other_running"] >= 0
+    now = machine_load()
+    assert now["loadavg_1m"] == pytest.approx(os.getloadavg()[0], abs=0.5)  # the kernel's own figure

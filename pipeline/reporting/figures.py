@@ -114,12 +114,12 @@ def figure_blocks(
     runs: Mapping[tuple[str, int], Run], results: Results, variants: Sequence[str],
     seeds: Sequence[int], baseline: str, figures_dir: Path,
 ) -> list[Block]:
-    """All figures of the report, drawn into `figures_dir`."""
+    """The figures of the report's Figures section, drawn into `figures_dir` (the Δ figure, drawn
+    by `delta_blocks`, opens the report beside the verdict instead)."""
     colors = plots.variant_colors(variants)
     return (
         [Heading("Figures")]
         + curve_blocks(runs, variants, seeds, colors, figures_dir)
-        + delta_blocks(results, baseline, colors, figures_dir)
         + params_loss_blocks(runs, variants, seeds, colors, figures_dir)
         + attention_blocks(runs, variants, seeds, baseline, figures_dir)
     )

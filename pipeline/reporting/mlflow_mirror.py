@@ -19,6 +19,9 @@ Training runs reach MLflow in one of two ways:
   in `mlflow ui`; its run id is in train.json, and this stage adds the evaluation and the link.
   A live run that is not in this stage's store (trained on another machine into another store)
   is mirrored from its files instead.
+A mirrored run carries the train stage's own start and end times (train.json), so the runs table's
+Duration is the training time, and every run names its data (`log_inputs`: the Dataset column):
+the data source from params.yaml and the DVC hash of the shards it trained on (RunData).
 Every MLflow failure is a warning: the report is already on disk.
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.reporting.mlflow_view import save_comparison_view
 from pipeline.tracking import (dvc_experiment, experiment_id, flatten, open_client, problem, store_lock,
                                tracking_enabled, tracking_uri)
 
@@ -41,6 +45,54 @@ POINT_TAG = "point"  # on a sweep run: "lr=0.01" or "scale=wide" (pipeline.track
 RUN_FILES = ("config.json", "train_curve.csv", "val_curve.csv", "train.json")
 EVAL_FILES = ("eval.json", "samples.json")
 CURVES = {"train_curve.csv": ("train_loss", "lr", "tokens"), "val_curve.csv": ("val_loss",)}  # logged per step
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The data every run of a report trained on, as MLflow's Dataset column shows it: `name (digest)`."""
+
+    name: str  # params.yaml data.source, e.g. tiny_shakespeare
+    digest: str  # the DVC hash of the shards (dvc.lock), else a hash of their manifest
+    source: str  # JSON: data.source and its options from params.yaml
+
+    def entity(self):
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        return DatasetInput(Dataset(self.name, self.digest, "ablation_lab", self.source),
+                            [InputTag("mlflow.data.context", "train")])
+
+
+def run_data(params: dict, shards: Path, lock: Path) -> RunData:
+    """The RunData of `params` (a params.yaml mapping): digest = the md5 dvc.lock records for `shards`
+    (a DVC output, so the same data gives the same hash on every machine), or where no dvc.lock
+    lists it (a stage run by hand) sha256 of the shards' manifest, which names every shard's hash."""
+    data = params.get("data") or {}
+    name = str(data.get("source") or "synthetic")
+    digest = _lock_hash(lock, shards)
+    if digest is None:
+        manifest = shards / "manifest.json"
+        digest = hashlib.sha256(manifest.read_bytes()).hexdigest()[:32] if manifest.is_file() else "unknown"
+    source = json.dumps({"data.source": name, name: data.get(name)}, sort_keys=True, default=str)
+    return RunData(name, digest, source[:MAX_SOURCE_CHARS])
+
+
+MAX_SOURCE_CHARS = 60_000  # under MLflow's limit on a dataset's source (65,535)
+
+
+def _lock_hash(lock: Path, path: Path) -> str | None:
+    """The md5 dvc.lock records for the output `path` (".dir" dropped: MLflow digests are <= 36 chars)."""
+    import yaml
+
+    try:
+        stages = (yaml.safe_load(lock.read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    want = Path(path).as_posix().rstrip("/")
+    for stage in stages.values():
+        for out in (stage or {}).get("outs") or []:
+            if isinstance(out, dict) and out.get("path") == want and out.get("md5"):
+                return str(out["md5"]).removesuffix(".dir")
+    return None
 
 
 @dataclass(frozen=True)
@@ -63,15 +115,18 @@ class RunFiles:
         steps = json.loads((self.run_dir / "train.json").read_text()).get("steps")
         return steps + 1 if isinstance(steps, int) else 0
 
-    def digest(self) -> str:
-        h = hashlib.sha256()
+    def digest(self, data: RunData | None = None) -> str:
+        """Identifies what a mirror of this run shows: its files, its data, how it is mirrored."""
+        h = hashlib.sha256(f"mirror v2 {data}".encode())
         for path in [self.run_dir / n for n in RUN_FILES] + [self.eval_dir / n for n in EVAL_FILES]:
             h.update(path.name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"-") + b"\0")
         return h.hexdigest()
 
 
-def mirror_runs(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | None:
-    """Each of `runs` mirrored (or reused), then a report run holding `report_dir` as artifacts.
+def mirror_runs(runs: list[RunFiles], report_dir: Path, experiment: str, data: RunData | None = None,
+                columns: tuple[str, ...] = ("val_loss",)) -> str | None:
+    """Each of `runs` mirrored (or reused), then a report run holding `report_dir` as artifacts, and
+    the experiment's saved view "Compare variants" (`columns` as metric columns, grouped by variant).
 
     Returns the report run id, or None when MLflow failed (a warning, never an error). Two report
     stages (queued experiments) take turns, so neither loses its runs to a locked sqlite store.
@@ -79,10 +134,11 @@ def mirror_runs(runs: list[RunFiles], report_dir: Path, experiment: str) -> str 
     if not tracking_enabled():
         return None
     with store_lock():
-        return _mirror(runs, report_dir, experiment)
+        return _mirror(runs, report_dir, experiment, data, columns)
 
 
-def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | None:
+def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str, data: RunData | None,
+            columns: tuple[str, ...]) -> str | None:
     try:
         client = open_client()
         exp_id = experiment_id(client, experiment)
@@ -102,10 +158,13 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | No
                             run.name, tracking_uri())
                 run_id = None
             if run_id is None:
-                digest = run.digest()
-                run_id = mirrored.get(digest) or create_run(client, exp_id, run, digest)
-            elif (run.eval_dir / "eval.json").is_file():
-                log_evaluation(client, run_id, run.eval_dir, run.eval_step())
+                digest = run.digest(data)
+                run_id = mirrored.get(digest) or create_run(client, exp_id, run, digest, data)
+            else:
+                if (run.eval_dir / "eval.json").is_file():
+                    log_evaluation(client, run_id, run.eval_dir, run.eval_step())
+                if data is not None:  # logging the same dataset again adds nothing
+                    client.log_inputs(run_id, [data.entity()])
             client.set_tag(run_id, "variant", run.variant)
             client.set_tag(run_id, "seed", str(run.seed))
             if run.point:
@@ -122,8 +181,10 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str) -> str | No
             client.set_tag(run_id, REPORT_TAG, report_id)
         nest_history(client, known, {**current, "report": report_id})
         client.set_terminated(report_id)
-        log.info("report: MLflow experiment %r: the report run and %d training runs; these alone, for"
-                 " 'Group by': search `tags.mlflow.parentRunId IS NULL`", experiment, len(current))
+        view = save_comparison_view(client, exp_id, columns)
+        log.info("report: MLflow experiment %r: the report run and %d training runs; the comparison view: "
+                 "`mlflow ui`, then #/experiments/%s/runs?viewStateShareKey=%s", experiment, len(current),
+                 exp_id, view)
     except Exception as exc:  # noqa: BLE001
         log.warning("report: MLflow report run not completed (%s)", problem(exc))
         return None
@@ -163,14 +224,27 @@ def nest_history(client, known: list, heads: dict) -> None:
             client.set_tag(r.info.run_id, PARENT_TAG, head)
 
 
-def create_run(client, exp_id: str, run: RunFiles, digest: str) -> str:
+def train_times(train_json: Path, train: dict) -> tuple[int, int]:
+    """(start, end) of the train stage in ms since the epoch: train.json's started_at and finished_at;
+    for a train.json written before they were recorded, its modification time and wall_time_s."""
+    def number(key: str) -> float | None:
+        value = train.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    end = number("finished_at") or train_json.stat().st_mtime
+    start = number("started_at") or end - (number("wall_time_s") or 0.0)
+    return int(start * 1000), int(end * 1000)
+
+
+def create_run(client, exp_id: str, run: RunFiles, digest: str, data: RunData | None = None) -> str:
     """One finished MLflow run from a training run's files: what the live train stage would log."""
     from mlflow.entities import Metric, Param
 
     train_json = run.run_dir / "train.json"
     train = json.loads(train_json.read_text())
     stamp = int(train_json.stat().st_mtime * 1000)  # the curves carry steps, not times
-    run_id = client.create_run(exp_id, run_name=run.name, tags={
+    start, end = train_times(train_json, train)
+    run_id = client.create_run(exp_id, start_time=start, run_name=run.name, tags={
         "variant": run.variant, "seed": str(run.seed), "stage": "train", DIGEST_TAG: digest,
         **({POINT_TAG: run.point} if run.point else {}),
         "mirrored": "from the stage's files, by the report stage", **dvc_experiment()}).info.run_id
@@ -190,7 +264,9 @@ def create_run(client, exp_id: str, run: RunFiles, digest: str) -> str:
             client.log_artifact(run_id, str(run.run_dir / name))
     if (run.eval_dir / "eval.json").is_file():
         log_evaluation(client, run_id, run.eval_dir, run.eval_step())
-    client.set_terminated(run_id, "FINISHED")
+    if data is not None:
+        client.log_inputs(run_id, [data.entity()])
+    client.set_terminated(run_id, "FINISHED", end_time=end)
     return run_id
 
 

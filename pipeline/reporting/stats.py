@@ -188,3 +188,33 @@ def seeds_needed(effect: float, power: float = POWER, alpha: float = ALPHA) -> i
         else:
             low = mid
     return high
+
+
+@dataclass(frozen=True)
+class Welch:
+    """Our mean minus an outside reference's (unpaired: different code, seeds and machines)."""
+
+    diff: float
+    half_width: float  # 95% Welch t-interval of the difference
+    p_value: float  # two-sided Welch t-test
+    df: float  # Welch-Satterthwaite degrees of freedom
+
+
+def sd_from_interval(half_width: float, n: int, confidence: float = 1 - ALPHA) -> float:
+    """The standard deviation behind a t-interval `mean ± half_width` over n values."""
+    return half_width * math.sqrt(n) / float(sps.t.ppf(0.5 + confidence / 2, df=n - 1))
+
+
+def welch(mean: float, sd: float, n: int, ref_mean: float, ref_sd: float, ref_n: int,
+          confidence: float = 1 - ALPHA) -> Welch | None:
+    """Welch's t-test and interval of `mean - ref_mean` from summary statistics (sd with ddof=1);
+    None without a spread on either side (n < 2, or both sds zero)."""
+    if n < 2 or ref_n < 2:
+        return None
+    v, v_ref = sd ** 2 / n, ref_sd ** 2 / ref_n
+    if v + v_ref == 0:
+        return None
+    df = (v + v_ref) ** 2 / (v ** 2 / (n - 1) + v_ref ** 2 / (ref_n - 1))
+    p = float(sps.ttest_ind_from_stats(mean, sd, n, ref_mean, ref_sd, ref_n, equal_var=False).pvalue)
+    half = float(sps.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(v + v_ref)
+    return Welch(mean - ref_mean, half, p, df)

@@ -15,7 +15,7 @@ from pipeline.reporting.inputs import Run, number, values_by_seed
 from pipeline.reporting.render import Block, Heading, Paragraph, Table
 from pipeline.reporting.stats import (
     ALPHA, MAX_SEEDS, POWER, Delta, Summary, detectable_effect, higher_is_better, holm, paired_delta,
-    seeds_needed, summarize, verdict_for,
+    sd_from_interval, seeds_needed, summarize, verdict_for, welch,
 )
 
 MISSING = "—"
@@ -335,21 +335,36 @@ def delta_notes(results: Results, variants: Sequence[str]) -> list[str]:
 
 
 def reference_blocks(results: Results, baseline: str, reference: Mapping | None) -> list[Block]:
-    """The baseline against an outside reference value (report.reference), with its interval."""
+    """The baseline against an outside reference value (report.reference): with the reference's
+    spread and n, Welch's t-test of the difference (unpaired: other code, seeds and machine)."""
     if not reference:
         return []
     metric, value, source = reference["metric"], float(reference["value"]), reference["source"]
+    ref_n, ci, std = reference.get("n"), reference.get("ci"), reference.get("std")
+    ref_sd = std if std is not None else sd_from_interval(ci, ref_n) if ci is not None and ref_n else None
+    ref_text = f"{fmt(value)}" + (f" ± {fmt(ci, 2)} (95% t-interval, n={ref_n})" if ci is not None else
+                                  f" (sd {fmt(std, 2)}, n={ref_n})" if std is not None else " (no spread given)")
+    head = f"Reference ({source}): {metric} = {ref_text}."
+    if reference.get("description"):
+        head += f" Measured: {reference['description']}."
     s = results.summaries.get(baseline, {}).get(metric)
     if s is None or s.mean is None:
-        return [Heading("Reference"), Paragraph(f"{metric} of {baseline}: {MISSING} (no run has it).")]
-    text = f"Reference ({source}): {metric} = {value:g}. {baseline}: {fmt_summary(s)}"
-    if s.half_width is not None:
-        lo, hi = s.mean - s.half_width, s.mean + s.half_width
-        inside = "inside" if lo <= value <= hi else "outside"
-        text += f", 95% interval [{fmt(lo)}, {fmt(hi)}]; the reference lies {inside} it"
-    better = (s.mean >= value) if higher_is_better(metric) else (s.mean <= value)
-    text += f". Mean {'at or better than' if better else 'worse than'} the reference by {fmt(abs(s.mean - value), 3)}."
-    return [Heading("Reference"), Paragraph(text)]
+        return [Heading("Reference"), Paragraph(head), Paragraph(f"{metric} of {baseline}: {MISSING} (no run has it).")]
+    text = f"{baseline}: {fmt_summary(s)}."
+    sd = sd_from_interval(s.half_width, s.n) if s.half_width is not None else None
+    test = welch(s.mean, sd, s.n, value, ref_sd, ref_n) if sd is not None and ref_sd is not None else None
+    if test is not None:
+        verdict = verdict_for(test.diff, test.p_value, higher_is_better(metric))
+        text += (f" Difference {baseline} − reference: {fmt(test.diff, 3)}, 95% CI [{fmt(test.diff - test.half_width, 3)}, "
+                 f"{fmt(test.diff + test.half_width, 3)}], Welch t-test p = {fmt_p(test.p_value)} "
+                 f"(df {test.df:.1f}): {verdict}.")
+    else:  # no spread on one side: no test, only the distance
+        better = (s.mean >= value) if higher_is_better(metric) else (s.mean <= value)
+        why = "the reference gives no spread and n (report.reference ci or std, n)" if ref_sd is None \
+            else f"{baseline} has no interval"
+        text += (f" Mean {'at or better than' if better else 'worse than'} the reference by "
+                 f"{fmt(abs(s.mean - value), 3)}; not tested: {why}.")
+    return [Heading("Reference"), Paragraph(head), Paragraph(text)]
 
 
 def unigram_plateau(runs) -> float | None:
@@ -390,8 +405,27 @@ def params_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[B
             Table(["variant"] + columns, rows, "Parameters (train.json params_by_component)")]
 
 
+CONTENDED = "⚠"
+
+
+def load_peak(train: Mapping | None) -> float | None:
+    """The higher of the 1-minute load averages train.json recorded at the start and end of training."""
+    load = (train or {}).get("load") if isinstance((train or {}).get("load"), dict) else {}
+    values = [number(load.get(k) if isinstance(load.get(k), dict) else None, "loadavg_1m") for k in ("start", "end")]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def contended(train: Mapping | None) -> bool | None:
+    """Whether a run's timing was taken under contention: a load average above the cores it used
+    (train.json threads), i.e. more work wanted the CPUs than this run alone; None if not recorded."""
+    peak, cores = load_peak(train), number(train, "threads")
+    return None if peak is None or cores is None else peak > cores
+
+
 def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Block]:
-    """Tokens, steps, wall time, throughput and MFU: mean over seeds with a train.json."""
+    """Tokens, steps, wall time, throughput and MFU: mean over seeds with a train.json; timings taken
+    under contention (see `contended`) are marked, as they understate what the code does."""
     def mean(v: str, key: str) -> float | None:
         vals = list(values_by_seed(runs, v, seeds, "train", key).values())
         return float(np.mean(vals)) if vals else None
@@ -399,19 +433,35 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
     def counts(v: str, key: str) -> str:  # a mean of step counts (112 from 111 and 113) is no run's
         return fmt_range(list(values_by_seed(runs, v, seeds, "train", key).values()))
 
-    rows = []
+    rows, marked = [], []
     for v in variants:
-        devices = sorted({str(runs[(v, s)].train.get("device")) for s in seeds if runs[(v, s)].train})
+        trains = {s: runs[(v, s)].train for s in seeds if runs[(v, s)].train}
+        devices = sorted({str(t.get("device")) for t in trains.values()})
+        busy = [s for s, t in trains.items() if contended(t)]
+        peaks = [p for t in trains.values() if (p := load_peak(t)) is not None]
+        mark = f" {CONTENDED}" if busy else ""
+        if busy:
+            marked.append(f"{v} (seed{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))})")
         rows.append([
             v, counts(v, "tokens_trained"), counts(v, "steps"), fmt_sci(mean(v, "flops_per_token")),
-            fmt_sci(mean(v, "flops_trained")), fmt(mean(v, "wall_time_s")),
-            fmt_int(mean(v, "tokens_per_s")), fmt(mean(v, "mfu"), 3), fmt(mean(v, "padding_ratio"), 3),
-            ", ".join(devices) or MISSING,
+            fmt_sci(mean(v, "flops_trained")), fmt(mean(v, "wall_time_s")) + mark,
+            fmt_int(mean(v, "tokens_per_s")) + mark, fmt(mean(v, "mfu"), 3), fmt(mean(v, "padding_ratio"), 3),
+            ", ".join(devices) or MISSING, fmt_range(list(values_by_seed(runs, v, seeds, "train", "threads").values())),
+            fmt(max(peaks), 3) if peaks else MISSING,
         ])
+    notes = ["Load: the highest 1-minute load average (/proc/loadavg) train.json recorded at the start and end "
+             "of a seed's training; cores: the CPU threads the run used (train.json threads)."]
+    notes.append(f"{CONTENDED} timed under contention: the load exceeded the cores the run used, so other work "
+                 "shared the CPUs and wall time and tokens/s understate this code's speed: "
+                 + "; ".join(marked) + "." if marked else
+                 "No timing here was taken under contention (load at or below the cores each run used)."
+                 if any(row[-1] != MISSING for row in rows) else
+                 "Machine load not recorded (train.json files from before it was), so contention is unknown.")
     return [Heading("Training cost"), Table(
-        ["variant", "tokens trained", "steps", "FLOPs / target token", "FLOPs trained", "wall time (s)", "tokens/s", "MFU", "padding ratio", "device"],
+        ["variant", "tokens trained", "steps", "FLOPs / target token", "FLOPs trained", "wall time (s)", "tokens/s",
+         "MFU", "padding ratio", "device", "cores", "load (max)"],
         rows, "Training cost (train.json): tokens and steps as min–max over seeds (one value when all "
-              "seeds agree), the other columns mean over seeds",
+              "seeds agree), the other columns mean over seeds", notes,
     )]
 
 

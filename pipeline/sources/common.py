@@ -38,6 +38,14 @@ class RemoteOptions(BaseModel):
 
 
 M = TypeVar("M", bound=BaseModel)
+SHOWN_CHARS = 80  # a value quoted in an error message is cut here: a record can be a whole article
+
+
+def shown(value: Any) -> str:
+    """`value` as an error message quotes it: its repr, cut to SHOWN_CHARS with an ellipsis.
+    (Records and rows in messages are counted from 1, as an editor counts lines.)"""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 1] + "…"
 
 
 def parse_options(model: type[M], options: Mapping[str, Any] | None, source: str) -> M:
@@ -164,7 +172,7 @@ def write_raw(out_dir: Path, splits: Mapping[str, Mapping[str, Sequence[str]]], 
         for col, values in columns.items():
             bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
             if bad is not None:
-                raise ValueError(f"{split}.{col}[{bad}]: expected a string, got {values[bad]!r}")
+                raise ValueError(f"{split}.{col}: record {bad + 1}: expected a string, got {shown(values[bad])}")
         table = pa.table({c: pa.array(v, type=pa.string()) for c, v in columns.items()})
         with atomic_path(out_dir / f"{split}.parquet") as tmp:
             pq.write_table(table, tmp)

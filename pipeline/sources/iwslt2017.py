@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from pipeline.sources.common import (
-    Direction, NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, write_raw,
+    Direction, NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, shown, write_raw,
 )
 from pipeline.sources.formats import read_parquet
 
@@ -48,7 +48,8 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
         for i, pair in enumerate(pairs):
             if not isinstance(pair, dict) or not all(isinstance(pair.get(k), str)
                                                      for k in ("en", "de")):
-                raise ValueError(f"{path}: row {i}: translation must hold strings 'en' and 'de'")
+                raise ValueError(f"{path}: record {i + 1}: translation must hold strings 'en' and 'de' "
+                                 f"(got {shown(pair)})")
         splits[split] = {"source": [p[src_lang] for p in pairs],
                          "target": [p[tgt_lang] for p in pairs]}
     write_raw(out_dir, splits, {"source": NAME, "task": task, "direction": opts.direction,

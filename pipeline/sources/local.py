@@ -64,7 +64,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, PositiveInt, Tag, field_validator
 
-from pipeline.sources.common import Split, parse_options, write_raw
+from pipeline.sources.common import Split, parse_options, shown, write_raw
 from pipeline.sources.formats import (
     GZIP_MAGIC, PARQUET_MAGIC, head_bytes, is_parquet, iter_delimited, iter_json, iter_jsonl, iter_lines,
     iter_paragraphs, read_csv, read_parallel, read_parquet, read_text,
@@ -269,7 +269,7 @@ def _read(path: Path, opts: Options, max_rows: int | None) -> tuple[list[str], l
             v = table[c][bad]
             hint = (f"; pick a field with a dotted name, e.g. {c}.{next(iter(v))}"
                     if isinstance(v, dict) and v else "")
-            raise ValueError(f"{path}: row {bad} column {c!r} is {v!r}, not a string{hint}")
+            raise ValueError(f"{path}: record {bad + 1} column {c!r} is {shown(v)}, not a string{hint}")
     targets = table[opts.columns.target]
     return ([""] * len(targets) if lm else table[opts.columns.source]), targets
 
