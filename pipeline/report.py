@@ -38,6 +38,7 @@ from pipeline.reporting import sweeps
 from pipeline.reporting.dvc_files import curve_tables, metrics_summary
 from pipeline.reporting.figures import figure_blocks
 from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs
+from pipeline.reporting.loss_budget import loss_budget_blocks
 from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs
 from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Paragraph, to_html, to_markdown
@@ -98,6 +99,7 @@ def render_report(
             [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
             + setup_blocks(runs, variants, seeds, baseline, budget, task, notes)
             + results_blocks(results, variants, baseline, runs, seeds)
+            + loss_budget_blocks(runs)
             + (sweeps.fair_lr_blocks(fair, baseline, main_lr, tmp / "figures", colors) if fair else [])
             + (sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
             + reference_blocks(results, baseline, reference)
