@@ -99,19 +99,20 @@ def test_lm_cap_scores_the_same_evenly_spaced_windows_for_every_seed(lm_shards, 
     assert starts == [i * n // 3 * CONTEXT for i in range(3)] and starts[0] == 0 and starts[-1] >= total // 2
 
 
-def test_lm_cap_windows_are_the_streams_own(lm_shards):
-    """What a capped window scores is exactly a window of the uncapped pass."""
+def test_capped_lm_loss_is_the_loss_of_the_chosen_windows_of_the_stream(lm_shards):
     shards, manifest = lm_shards / "shards", read_manifest(lm_shards / "shards")
     docs, eos = load_split(shards, manifest, "validation").tgt, manifest["eos_id"]
-    model = make_model(manifest, "decoder_only")
-    stream = lm_stream(docs, eos)
-    for start in lm_windows(len(stream) - 1, CONTEXT, 2 * CONTEXT):
-        piece = torch.from_numpy(stream[start:start + CONTEXT + 1])[None]
+    model = make_model(manifest, "decoder_only", seed=4)
+    stream = torch.from_numpy(lm_stream(docs, eos))
+    starts = lm_windows(len(stream) - 1, CONTEXT, 4 * CONTEXT - 1)
+    assert len(starts) == 3 and len(set(starts)) == 3
+    want = 0.0
+    for start in starts:  # each window alone, as the uncapped pass scores it
+        piece = stream[start:start + CONTEXT + 1][None]
         logits, _ = model(None, piece[:, :-1])
-        one = torch.nn.functional.cross_entropy(logits[0].double(), piece[0, 1:], reduction="sum").item()
-        assert math.isfinite(one)
-    nats, scored = ev_stage.lm_nats(model, docs, eos, CONTEXT, 4, CPU, 2 * CONTEXT)
-    assert scored == 2 * CONTEXT and math.isfinite(nats)
+        want += torch.nn.functional.cross_entropy(logits[0].double(), piece[0, 1:], reduction="sum").item()
+    nats, scored = ev_stage.lm_nats(model, docs, eos, CONTEXT, 2, CPU, 4 * CONTEXT - 1)
+    assert scored == 3 * CONTEXT and nats == pytest.approx(want, rel=1e-5)
 
 
 def test_a_uniform_model_gives_the_same_bits_per_char_capped_or_not(lm_shards, tmp_path):
