@@ -366,6 +366,7 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
             tmp.mkdir(parents=True)
             (tmp / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")
         return metrics
+    note(f"{run_dir}: loading the model and the {task} splits")
     model = load_model(run_dir, device)
     sp = load_tokenizer(tokenizer)
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
