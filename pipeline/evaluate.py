@@ -305,11 +305,13 @@ def continue_prompts(model, prompts: torch.Tensor, max_new_tokens: int, pick,
     """Feed prompts (B, P) one token at a time (causally, as in training; prefix_lm's bidirectional
     prefix would be a context it never trained on), then extend each row until eos."""
     state = model.start_decoding(prompts[:, :0])  # no source: the prompt is the decoder's history
-    for t in range(prompts.shape[1]):
-        logits = model.decode_step(state, prompts[:, t])
     finished = torch.zeros(prompts.shape[0], dtype=torch.bool, device=prompts.device)
     out = []
-    with progress("continuations", max_new_tokens, "step") as bar:
+    # Steps: one per prompt token fed, then one per new token (at most max_new_tokens).
+    with progress("continuations", prompts.shape[1] + max_new_tokens, "step") as bar:
+        for t in range(prompts.shape[1]):
+            logits = model.decode_step(state, prompts[:, t])
+            bar.update(1)
         for step in range(max_new_tokens):
             token = pick(logits).masked_fill(finished, eos_id)
             out.append(token)
