@@ -43,6 +43,37 @@ def check(params: Params, local_root: Path) -> None:
         for variant in params.ablations:
             settings = resolve_variant(params, variant, scale)
             model_config(settings["model"], tokenizer, f"ablations.{variant} at scales.{scale}")
+    check_loss_cap(params)
+
+
+def source_task(params: Params) -> str | None:
+    """The task the data source gives, as far as params tell it (`local` names it in its options)."""
+    from pipeline.sources import SOURCES
+
+    name = params.data.source
+    if name == "synthetic":
+        return "summarization"
+    if name == "local":
+        options = (params.data.model_extra or {}).get("local")
+        return options.get("task") if isinstance(options, dict) else None
+    return SOURCES[name].task
+
+
+def check_loss_cap(params: Params) -> None:
+    """evaluate.max_loss_tokens scores whole LM windows (train.context tokens each, per variant and
+    scale): a cap below one would score nothing. Seq2seq examples' lengths need the data: the
+    evaluate stage checks those."""
+    cap = params.evaluate.max_loss_tokens
+    if cap is None or source_task(params) != "language_modeling":
+        return
+    where = [(f"ablations.{v}", resolve_variant(params, v)) for v in params.ablations]
+    where += [(f"ablations.{v} at scales.{s}", resolve_variant(params, v, s)) for s in params.scales
+              for v in params.ablations]
+    for name, settings in where:
+        context = settings["train"]["context"]
+        if cap < context:
+            raise ParamsError(f"evaluate.max_loss_tokens: {cap:,} is below one evaluation window of {name} "
+                              f"(train.context {context:,} tokens); raise it or leave it unset")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,6 +22,18 @@ Language modelling, how it is measured:
   documents are fed causally, as in training (after the separating eos; no bos, which the LM
   stream never contains), and continued with the evaluate settings (greedy or sample);
   reference = the document's true continuation. Prompt + continuation stay within the context.
+
+The loss budget, `evaluate.max_loss_tokens` (unset: every token of both splits, as above): a cap
+scores the loss on a subset of each split, chosen from the split alone (never from the seed or the
+model), so every run scores the same tokens and paired comparisons stay paired: evenly spaced LM
+windows (window i of k at index i * n // k; k = cap // context whole windows), or evenly spaced
+seq2seq examples (the largest such k whose target tokens fit the cap). bits_per_char/byte then
+take the subset's mean loss as the whole test split's. eval.json's `loss_tokens` records, per
+split, the tokens scored out of the split's total and whether the cap applied.
+
+Progress (pipeline.progress) goes to stderr: a line when each phase starts, then a tqdm bar on a
+terminal or a log line with ETA every PROGRESS_EVERY_S seconds under DVC/CI; stdout gets a short
+summary at the end (eval.json holds the data).
 """
 from __future__ import annotations
 
@@ -29,6 +41,7 @@ import argparse
 import json
 import math
 import pickle
+import sys
 import zipfile
 from pathlib import Path
 
@@ -39,6 +52,7 @@ from pydantic import ValidationError
 
 from pipeline.atomic import atomic_path
 from pipeline.params import EvaluateParams, ParamsError, TrainParams, load_params, stage_error
+from pipeline.progress import Progress
 from pipeline.scoring.metrics import task_metrics
 from pipeline.scoring.output_checks import flags, output_stats
 from pipeline.train_bpe import load_tokenizer
@@ -49,6 +63,19 @@ from pipeline.training.device import choose_threads, resolve_device
 
 # (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
 ATTENTION_TOKENS = 64  # LM attention map: the first tokens of a validation document
+
+
+# Seconds between progress log lines under DVC/CI (tests lower it to see lines at once).
+PROGRESS_EVERY_S = 10.0
+
+
+def note(text: str) -> None:
+    """A line on stderr at the start of a phase, so a long evaluation says what it is doing at once."""
+    print(f"evaluate: {text}", file=sys.stderr, flush=True)
+
+
+def progress(what: str, total: float, unit: str) -> Progress:
+    return Progress(f"evaluate: {what}", total=total, unit=unit, every_s=PROGRESS_EVERY_S)
 
 
 # What evaluate takes from the run's config.json: the batch shapes and device it trained with.
@@ -108,13 +135,38 @@ def load_model(run_dir: Path, device: torch.device):
     return model.to(device).eval()
 
 
-def split_loss(model, shards: Path, manifest: dict, split: str, batch_tokens: int, context: int,
-               batch_size: int, device: torch.device) -> float:
-    data = trainer.Data(task=manifest["task"], train=load_split(shards, manifest, "train", limit=1),
-                        val=load_split(shards, manifest, split),
-                        ids={k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")},
+def cap_error(cap: int, unit: str, tokens: int, key_hint: str) -> ValueError:
+    return ValueError(f"evaluate.max_loss_tokens: {cap:,} is below one {unit} ({tokens:,} target tokens"
+                      f"{key_hint}); raise it or leave it unset to score the whole split")
+
+
+def example_subset(split: Split, cap: int | None, name: str) -> tuple[Split, int, int]:
+    """(the examples scored, their target tokens, the split's target tokens). Under a cap: k evenly
+    spaced examples (i * n // k), k the largest whose target tokens (each + eos) fit the cap, by
+    bisection (the sum grows with k only nearly monotonically; the k found fits, whatever it is)."""
+    tokens = np.fromiter((len(t) + 1 for t in split.tgt), dtype=np.int64, count=len(split.tgt))
+    total, n = int(tokens.sum()), len(tokens)
+    if cap is None or total <= cap:
+        return split, total, total
+    lo, hi, k = 1, n - 1, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if tokens[np.arange(mid) * n // mid].sum() <= cap:
+            k, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    if k == 0:
+        raise cap_error(cap, "example", int(tokens[0]), f", the first of the {name} split")
+    pick = np.arange(k) * n // k
+    return Split([split.src[i] for i in pick], [split.tgt[i] for i in pick]), int(tokens[pick].sum()), total
+
+
+def split_loss(model, train_head: Split, split: Split, ids: dict, task: str, batch_tokens: int, context: int,
+               batch_size: int, device: torch.device, what: str, total_tokens: int) -> float:
+    data = trainer.Data(task=task, train=train_head, val=split, ids=ids,
                         batch_tokens=batch_tokens, batch_size=batch_size, context=context, seed=0)
-    return trainer.evaluate_loss(model, data, data.val_batches(10 ** 9), device, False)
+    with progress(what, total_tokens, "tok") as bar:
+        return trainer.evaluate_loss(model, data, data.val_batches(10 ** 9), device, False, on_batch=bar.update)
 
 
 def decode(model, split, texts: tuple[list[str], list[str]], ids: dict, cfg: EvaluateParams, sp,
@@ -123,17 +175,20 @@ def decode(model, split, texts: tuple[list[str], list[str]], ids: dict, cfg: Eva
     n = min(cfg.max_examples, len(split.src))
     sources, references, predictions = [], [], []
     generator = torch.Generator(device).manual_seed(0)
-    for start in range(0, n, cfg.batch_size):
-        idx = list(range(start, min(n, start + cfg.batch_size)))
-        src, _, _ = collate(split, idx, **ids)
-        out = model.generate(src.to(device), max_new_tokens=cfg.max_new_tokens, strategy=cfg.decode,
-                             beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
-                             temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                             generator=generator)
-        for i, tokens in zip(idx, out):
-            sources.append(texts[0][i])
-            references.append(texts[1][i])
-            predictions.append(sp.decode(list(tokens)))
+    note(f"decoding {n:,} test examples ({cfg.decode}, at most {cfg.max_new_tokens} new tokens each)")
+    with progress("decoding", n, "ex") as bar:
+        for start in range(0, n, cfg.batch_size):
+            idx = list(range(start, min(n, start + cfg.batch_size)))
+            src, _, _ = collate(split, idx, **ids)
+            out = model.generate(src.to(device), max_new_tokens=cfg.max_new_tokens, strategy=cfg.decode,
+                                 beam_size=cfg.beam_size, length_penalty=cfg.length_penalty,
+                                 temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                 generator=generator)
+            for i, tokens in zip(idx, out):
+                sources.append(texts[0][i])
+                references.append(texts[1][i])
+                predictions.append(sp.decode(list(tokens)))
+            bar.update(len(idx))
     return sources, references, predictions
 
 
@@ -151,39 +206,74 @@ def lm_stream(docs: list[np.ndarray], eos_id: int) -> np.ndarray:
     return np.concatenate([[eos_id], training_stream(Split(docs, docs), eos_id)]).astype(np.int64)
 
 
+def lm_windows(n_pred: int, context: int, cap: int | None) -> list[int]:
+    """Start of each window scored: all of them, or under a cap k = cap // context evenly spaced
+    ones (window i * n // k of n), chosen from the stream's length alone."""
+    starts = list(range(0, n_pred, context))
+    if cap is None or n_pred <= cap:
+        return starts
+    k = cap // context
+    if k < 1:
+        raise cap_error(cap, "window", context, ", train.context")
+    return [starts[i * len(starts) // k] for i in range(k)]
+
+
 @torch.no_grad()
 def lm_nats(model, docs: list[np.ndarray], eos_id: int, context: int, batch_size: int,
-            device: torch.device) -> tuple[float, int]:
-    """(summed next-token loss in nats, tokens predicted) over every token after the leading eos."""
+            device: torch.device, max_tokens: int | None = None, what: str = "loss") -> tuple[float, int]:
+    """(summed next-token loss in nats, tokens predicted) over every token after the leading eos,
+    or over the windows `lm_windows` picks under `max_tokens`."""
     stream = torch.from_numpy(lm_stream(docs, eos_id))
     n_pred = len(stream) - 1
-    starts = list(range(0, n_pred, context))
+    starts = lm_windows(n_pred, context, max_tokens)
+    scored = sum(min(context, n_pred - s) for s in starts)
+    note(scoring(what, scored, n_pred, len(starts), f"windows of {context}"))
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for i in range(0, len(starts), batch_size):
-        rows = starts[i:i + batch_size]
-        inp = torch.full((len(rows), context), eos_id, dtype=torch.long)
-        out = torch.full((len(rows), context), -100, dtype=torch.long)  # -100: not scored
-        for r, s in enumerate(rows):
-            piece = stream[s:s + context + 1]
-            inp[r, :len(piece) - 1], out[r, :len(piece) - 1] = piece[:-1], piece[1:]
-        logits, _ = model(None, inp.to(device))
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), out.flatten().to(device), reduction="sum")
-        total += nll.double()
-    return float(total), n_pred
+    with progress(what, scored, "tok") as bar:
+        for i in range(0, len(starts), batch_size):
+            rows = starts[i:i + batch_size]
+            inp = torch.full((len(rows), context), eos_id, dtype=torch.long)
+            out = torch.full((len(rows), context), -100, dtype=torch.long)  # -100: not scored
+            for r, s in enumerate(rows):
+                piece = stream[s:s + context + 1]
+                inp[r, :len(piece) - 1], out[r, :len(piece) - 1] = piece[:-1], piece[1:]
+            logits, _ = model(None, inp.to(device))
+            nll = F.cross_entropy(logits.flatten(0, 1).float(), out.flatten().to(device), reduction="sum")
+            total += nll.double()
+            bar.update(sum(min(context, n_pred - s) for s in rows))
+    return float(total), scored
+
+
+def loss_tokens(scored: int, total: int) -> dict:
+    """eval.json's record of one split's loss budget."""
+    return {"scored": scored, "total": total, "capped": scored < total}
 
 
 def lm_metrics(model, val: Split, test: Split, test_texts: list[str], eos_id: int, context: int,
-               batch_size: int, device: torch.device) -> dict:
-    metrics, nats = {}, {}
+               batch_size: int, device: torch.device, max_tokens: int | None = None) -> tuple[dict, dict]:
+    """(metrics, loss_tokens per split)."""
+    metrics, nats, counted = {}, {}, {}
     for split, name in ((val, "val"), (test, "test")):
-        nats[name], n = lm_nats(model, split.tgt, eos_id, context, batch_size, device)
+        total = sum(len(d) + 1 for d in split.tgt)  # each document and its eos, after the leading eos
+        nats[name], n = lm_nats(model, split.tgt, eos_id, context, batch_size, device, max_tokens, f"{name} loss")
         metrics[f"{name}_loss"] = nats[name] / max(n, 1)
         metrics[f"{name}_ppl"] = math.exp(min(metrics[f"{name}_loss"], 50))
+        counted[name] = loss_tokens(n, total)
     texts = [t + "\n" for t in test_texts]  # raw text; "\n": the separator eos predicts
     bits = nats["test"] / math.log(2)
+    if counted["test"]["capped"]:  # the subset's mean loss, taken as the whole split's
+        bits *= counted["test"]["total"] / max(counted["test"]["scored"], 1)
     metrics["bits_per_char"] = bits / max(1, sum(map(len, texts)))
     metrics["bits_per_byte"] = bits / max(1, sum(len(t.encode("utf-8")) for t in texts))
-    return metrics
+    return metrics, counted
+
+
+def scoring(what: str, scored: int, total: int, pieces: int, unit: str) -> str:
+    """What a loss phase is about to score: its first progress line."""
+    if scored == total:
+        return f"{what}: scoring all {total:,} target tokens ({pieces:,} {unit})"
+    return (f"{what}: scoring {scored:,} of {total:,} target tokens ({pieces:,} evenly spaced {unit}; "
+            f"evaluate.max_loss_tokens)")
 
 
 def pick_next(cfg: EvaluateParams, generator: torch.Generator):
@@ -215,17 +305,21 @@ def continue_prompts(model, prompts: torch.Tensor, max_new_tokens: int, pick,
     """Feed prompts (B, P) one token at a time (causally, as in training; prefix_lm's bidirectional
     prefix would be a context it never trained on), then extend each row until eos."""
     state = model.start_decoding(prompts[:, :0])  # no source: the prompt is the decoder's history
-    for t in range(prompts.shape[1]):
-        logits = model.decode_step(state, prompts[:, t])
     finished = torch.zeros(prompts.shape[0], dtype=torch.bool, device=prompts.device)
     out = []
-    for step in range(max_new_tokens):
-        token = pick(logits).masked_fill(finished, eos_id)
-        out.append(token)
-        finished |= token == eos_id
-        if finished.all() or step == max_new_tokens - 1:
-            break
-        logits = model.decode_step(state, token)
+    # Steps: one per prompt token fed, then one per new token (at most max_new_tokens).
+    with progress("continuations", prompts.shape[1] + max_new_tokens, "step") as bar:
+        for t in range(prompts.shape[1]):
+            logits = model.decode_step(state, prompts[:, t])
+            bar.update(1)
+        for step in range(max_new_tokens):
+            token = pick(logits).masked_fill(finished, eos_id)
+            out.append(token)
+            finished |= token == eos_id
+            bar.update(1)
+            if finished.all() or step == max_new_tokens - 1:
+                break
+            logits = model.decode_step(state, token)
     rows = torch.stack(out, 1).tolist() if out else [[] for _ in range(prompts.shape[0])]
     return [row[:row.index(eos_id)] if eos_id in row else row for row in rows]
 
@@ -247,6 +341,7 @@ def lm_samples(model, test: Split, sp, cfg: EvaluateParams, eos_id: int, context
         return []
     prompts = torch.tensor(np.stack([lm_stream([d[:p]], eos_id)[:-1] for d in docs]), device=device)
     generator = torch.Generator(device).manual_seed(0)
+    note(f"continuing {len(docs)} test prompts ({cfg.decode}, at most {n_new} new tokens each)")
     outputs = continue_prompts(model, prompts, n_new, pick_next(cfg, generator), eos_id)
     return [{"source": sp.decode(d[:p].tolist()), "reference": sp.decode(d[p:p + n_new].tolist()),
              "prediction": sp.decode(out)} for d, out in zip(docs, outputs)]
@@ -273,6 +368,7 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
             tmp.mkdir(parents=True)
             (tmp / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")
         return metrics
+    note(f"{run_dir}: loading the model and the {task} splits")
     model = load_model(run_dir, device)
     sp = load_tokenizer(tokenizer)
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
@@ -280,15 +376,22 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
     if task == "language_modeling":
         eos, val = ids["eos_id"], load_split(shards, manifest, "validation")
         test_texts = load_texts(shards, manifest, "test")[1]
-        metrics.update(lm_metrics(model, val, test, test_texts, eos, context, batch_size, device))
+        lm, counted = lm_metrics(model, val, test, test_texts, eos, context, batch_size, device, cfg.max_loss_tokens)
+        metrics.update(lm)
         samples = lm_samples(model, test, sp, cfg, eos, context, device)
         attention = lm_attention(model, val, sp, eos, context, device)
         metrics["n_decoded"] = len(samples)
         predictions = [s["prediction"] for s in samples]
     else:
+        counted, train_head = {}, load_split(shards, manifest, "train", limit=1)
         for split, name in (("validation", "val"), ("test", "test")):
-            loss = split_loss(model, shards, manifest, split, batch_tokens, context, batch_size, device)
+            whole = test if split == "test" else load_split(shards, manifest, split)
+            subset, scored, total = example_subset(whole, cfg.max_loss_tokens, split)
+            note(scoring(f"{name} loss", scored, total, len(subset.tgt), "examples"))
+            loss = split_loss(model, train_head, subset, ids, task, batch_tokens, context, batch_size, device,
+                              f"{name} loss", scored)
             metrics[f"{name}_loss"], metrics[f"{name}_ppl"] = loss, math.exp(min(loss, 50))
+            counted[name] = loss_tokens(scored, total)
         texts = load_texts(shards, manifest, "test", limit=cfg.max_examples)
         sources, references, predictions = decode(model, test, texts, ids, cfg, sp, device)
         metrics.update(task_metrics(task, references, predictions))
@@ -304,12 +407,42 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
     metrics["normalization"] = manifest.get("normalization", "not recorded")
     if manifest.get("unigram_val_loss") is not None:  # the plateau the report reads val_loss against
         metrics["unigram_val_loss"] = manifest["unigram_val_loss"]
+    # Last, so an uncapped eval.json reads as before up to here.
+    metrics["loss_tokens"] = {"max_loss_tokens": cfg.max_loss_tokens, **counted}
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         (tmp / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n")
         (tmp / "samples.json").write_text(json.dumps(samples, indent=2, ensure_ascii=False) + "\n")
         (tmp / "attention.json").write_text(json.dumps(attention) + "\n")
     return metrics
+
+
+# The task metric the summary prints, per task (eval.json has them all).
+SUMMARY_METRICS = {"summarization": ("rouge1", "rouge2", "rougeL", "rougeLsum"), "translation": ("bleu", "chrf"),
+                   "language_modeling": ("bits_per_char", "bits_per_byte")}
+
+
+def summary(metrics: dict, out: Path) -> str:
+    """The few lines evaluate prints on stdout when it is done; eval.json holds the data."""
+    point = "".join(f" {k} {metrics[k]}" for k in SWEEP_KEYS if k in metrics)
+    head = f"evaluate: {metrics['variant']} seed {metrics['seed']}{point} ({metrics['task']})"
+    if metrics.get("diverged"):
+        return f"{head}: training diverged ({metrics['diverged']}), nothing to score\n  wrote {out / 'eval.json'}"
+    lines = [f"{head}: val loss {metrics['val_loss']:.4f} (ppl {metrics['val_ppl']:.2f}), "
+             f"test loss {metrics['test_loss']:.4f} (ppl {metrics['test_ppl']:.2f})"]
+    task = ", ".join(f"{k} {metrics[k]:.4f}" for k in SUMMARY_METRICS.get(metrics["task"], ()) if k in metrics)
+    lines.append(f"  {task + '; ' if task else ''}{metrics['n_decoded']} outputs generated"
+                 + (f"; degenerate: {'; '.join(metrics['degenerate'])}" if metrics["degenerate"] else ""))
+    budget = metrics["loss_tokens"]
+    splits = [f"{name} {budget[name]['scored']:,} of {budget[name]['total']:,} "
+              f"({budget[name]['scored'] / max(budget[name]['total'], 1):.1%})" for name in ("val", "test")]
+    if any(budget[name]["capped"] for name in ("val", "test")):
+        lines.append(f"  loss capped by evaluate.max_loss_tokens = {budget['max_loss_tokens']:,}: "
+                     f"target tokens scored {', '.join(splits)}")
+    else:
+        lines.append(f"  loss over every target token: val {budget['val']['total']:,}, test {budget['test']['total']:,}")
+    lines.append(f"  wrote {out / 'eval.json'}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -333,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
         raise stage_error("evaluate", exc) from None
     # MLflow gets these from the report stage, in one process for all runs: importing MLflow and
     # opening its store here cost ~2 s in each of the study's evaluate stages.
-    print(json.dumps(metrics))
+    print(summary(metrics, Path(args.out)))
 
 
 if __name__ == "__main__":

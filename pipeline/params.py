@@ -166,6 +166,9 @@ class EvaluateParams(Section):
     n_samples: int = Field(5, ge=0)  # sample outputs shown in the report
     prompt_tokens: int = Field(32, gt=0)  # language modelling: prompt length of the continuations
     batch_size: int = Field(32, gt=0)
+    # Target tokens scored for val/test loss, per split: None scores the whole split; a cap scores
+    # evenly spaced LM windows / examples (the same ones for every seed; pipeline.evaluate).
+    max_loss_tokens: int | None = Field(None, gt=0)
 
 
 class Reference(Section):

@@ -43,6 +43,7 @@ from pipeline.reporting import sweeps
 from pipeline.reporting.dvc_files import curve_tables, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
 from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
+from pipeline.reporting.loss_budget import loss_budget_blocks
 from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs, run_data
 from pipeline.reporting.notes import notes_blocks
 from pipeline.reporting.plots import variant_colors
@@ -112,6 +113,7 @@ def render_report(
             + setup_blocks(runs, variants, seeds, baseline, budget, task)
             + notes_blocks(notes, notes_data_digest, raw_meta, filt, manifest)
             + results_blocks(results, variants, baseline, runs, seeds)
+            + loss_budget_blocks(runs)
             + (sweeps.fair_lr_blocks(fair, baseline, main_lr, tmp / "figures", colors) if fair else [])
             + (sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
             + reference_blocks(results, baseline, reference)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from pipeline.progress import Progress
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -27,7 +29,12 @@ def task_metrics(task: str, references: list[str], predictions: list[str]) -> di
         # rougeL: one LCS over the whole summary; rougeLsum: summary-level LCS over its sentences
         # (newline-separated), the variant published CNN/DailyMail numbers use.
         scorer = rouge_scorer.RougeScorer(list(ROUGE), use_stemmer=True)
-        scores = [scorer.score(sentences(r), sentences(p)) for r, p in zip(references, predictions)]
+        scores = []
+        # Stemmed LCS over thousands of long summaries takes a while: it shows progress too.
+        with Progress("evaluate: ROUGE", total=len(references), unit="ex") as bar:
+            for r, p in zip(references, predictions):
+                scores.append(scorer.score(sentences(r), sentences(p)))
+                bar.update(1)
         return {k: sum(s[k].fmeasure for s in scores) / max(1, len(scores)) for k in ROUGE}
     if task == "translation":
         import sacrebleu

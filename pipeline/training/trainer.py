@@ -115,8 +115,9 @@ def plan_steps(data: Data, budget_tokens: int, budget_steps: int | None, per_ste
 
 
 def evaluate_loss(model, data: Data, batches: list[np.ndarray], device, use_autocast: bool,
-                  cluster: Cluster = Cluster()) -> float:
-    """Mean loss per target token over `batches`; under DDP each rank takes its share."""
+                  cluster: Cluster = Cluster(), on_batch=None) -> float:
+    """Mean loss per target token over `batches`; under DDP each rank takes its share.
+    `on_batch(n)`, if given, is told each batch's target tokens (the evaluate stage's progress)."""
     model.eval()
     total = torch.zeros((), device=device, dtype=torch.float64)
     count = 0
@@ -128,6 +129,8 @@ def evaluate_loss(model, data: Data, batches: list[np.ndarray], device, use_auto
             n = int((tgt_out != data.ids["pad_id"]).sum()) if not data.lm else tgt_out.numel()
             total += loss.double() * n
             count += n
+            if on_batch is not None:
+                on_batch(n)
     model.train()
     total, count = all_reduce([float(total), count], device)
     return total / max(count, 1)
