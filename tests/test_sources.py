@@ -312,7 +312,7 @@ def test_write_raw_rejects_bad_splits_and_values(tmp_path):
     meta = {"source": "x", "task": "translation"}
     with pytest.raises(ValueError, match="subset"):
         write_raw(tmp_path, {"dev": {"source": ["a"], "target": ["b"]}}, meta)
-    with pytest.raises(ValueError, match=r"train.target\[1\]: expected a string"):
+    with pytest.raises(ValueError, match=r"train.target row 2: expected a string"):
         write_raw(tmp_path, {"train": {"source": ["a", "b"], "target": ["c", None]}}, meta)
     with pytest.raises(ValueError, match="meta.task"):
         write_raw(tmp_path, {"train": {"source": ["a"], "target": ["b"]}}, {"task": "chat"})

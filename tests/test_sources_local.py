@@ -105,7 +105,7 @@ def test_bad_input_is_a_one_line_error_naming_the_file_or_key(tmp_path, options,
 def test_non_string_values_are_rejected(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"source": "a", "target": 3}\n')
-    with pytest.raises(ValueError, match=r"row 0 column 'target' is 3, not a string"):
+    with pytest.raises(ValueError, match=r"row 1 column 'target' is 3, not a string"):
         run({"task": "summarization", "paths": {"train": str(path)}}, tmp_path)
 
 
@@ -343,4 +343,4 @@ def test_non_utf8_parallel_text_and_a_bad_byte_late_in_a_big_file(tmp_path):
     de = tmp_path / "a.de"
     de.write_text("y\nz\n")
     one_line_error({"task": "translation", "paths": {"train": {"source": str(en), "target": str(de)}}},
-                   tmp_path, r"a.en: not UTF-8 text \(byte 0xff at offset 3000001\)")
+                   tmp_path, r"a.en: not UTF-8 text \(byte 0xff at offset 3000001, line 2\)")
