@@ -16,7 +16,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections import Counter
 from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline.atomic import atomic_path, atomic_write_json
 from pipeline.params import ParamsError, load_params, stage_error
@@ -47,16 +51,83 @@ def check_local_paths(paths: object, root: Path, key: str = "data.local.paths") 
                              f"or link it there (an edit elsewhere would not rerun the pipeline)")
 
 
-def download(source: str, options: dict, cache_dir: Path, out: Path) -> None:
-    """Write the raw splits of `source` to `out` atomically (a directory swap)."""
+log = logging.getLogger(__name__)
+PERCENTILES = (50, 90, 99)
+# With documents: paragraph, a share of documents holding a line break this high suggests a file
+# whose documents end at a single newline (TinyStories without separators): the warning says so.
+LINE_BREAK_WARNING = 0.1
+
+
+def download(source: str, options: dict, cache_dir: Path, out: Path) -> dict:
+    """Write the raw splits of `source` to `out` atomically (a directory swap); their metrics."""
     with atomic_path(out) as tmp:
         if source == "synthetic":
             write_synthetic(tmp, options["n_examples"], options["seed"])
-            return
-        from pipeline.sources import get_source  # real sources: imported only when used
+        else:
+            from pipeline.sources import get_source  # real sources: imported only when used
 
-        tmp.mkdir(parents=True)
-        get_source(source).fetch(options, cache_dir, tmp)
+            tmp.mkdir(parents=True)
+            get_source(source).fetch(options, cache_dir, tmp)
+        return raw_metrics(tmp, source, options)
+
+
+def percentiles(hist: Counter) -> dict[str, int | None]:
+    """Exact nearest-rank p50/p90/p99 and max of the values counted in `hist`."""
+    n = sum(hist.values())
+    out: dict[str, int | None] = {f"p{p}": None for p in PERCENTILES} | {"max": None}
+    if not n:
+        return out
+    ranks = {f"p{p}": max(1, -(-p * n // 100)) for p in PERCENTILES}  # ceil(p/100 * n)
+    seen = 0
+    for value in sorted(hist):
+        seen += hist[value]
+        for key, rank in ranks.items():
+            if out[key] is None and seen >= rank:
+                out[key] = value
+    out["max"] = max(hist)
+    return out
+
+
+def raw_metrics(raw_dir: Path, source: str, options: dict) -> dict:
+    """Per split: rows, length percentiles in characters and documents holding a line break,
+    read back from raw/ a record batch at a time (memory: one batch and a length histogram)."""
+    import json
+
+    meta = json.loads((raw_dir / "meta.json").read_text(encoding="utf-8"))
+    lm = meta.get("task") == "language_modeling"
+    documents = separator = None
+    if source == "local" and lm:
+        documents, separator = options.get("documents", "paragraph"), options.get("separator")
+    elif source == "tinystories":
+        from pipeline.sources.tinystories import SEPARATOR
+
+        documents, separator = "separator", SEPARATOR
+    metrics: dict = {"source": source, "task": meta.get("task"), "documents": documents,
+                     "separator": separator, "splits": {}, "warnings": []}
+    columns = ["target"] if lm else ["source", "target"]
+    for split in (s for s in ("train", "validation", "test") if (raw_dir / f"{s}.parquet").exists()):
+        hists = {c: Counter() for c in columns}
+        breaks = 0
+        for batch in pq.ParquetFile(raw_dir / f"{split}.parquet").iter_batches(65536, columns=columns):
+            for c in columns:
+                counts = pc.value_counts(pc.utf8_length(batch.column(c)))
+                hists[c].update(dict(zip(counts.field("values").to_pylist(),
+                                         counts.field("counts").to_pylist())))
+            breaks += pc.sum(pc.match_substring(batch.column("target"), "\n")).as_py() or 0
+        rows = sum(hists["target"].values())
+        record = {"rows": rows, **{f"{c}_chars": percentiles(hists[c]) for c in columns}}
+        if lm:
+            record["documents_with_line_breaks"] = breaks
+        metrics["splits"][split] = record
+        if lm and documents == "paragraph" and rows and breaks / rows >= LINE_BREAK_WARNING:
+            warning = (f"{split}: {breaks:,} of {rows:,} documents ({breaks / rows:.0%}) hold a line "
+                       f"break; if your file ends documents (stories) at a single newline and "
+                       f"paragraphs at blank lines, documents: paragraph joins the end of one to the "
+                       f"start of the next: use documents: separator (e.g. <|endoftext|>) or line "
+                       f"(one document a line); README, local files")
+            metrics["warnings"].append(warning)
+            log.warning("download: %s", warning)
+    return metrics
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--local-root", default="data/local",
                         help="the folder dvc.yaml tracks for data.source: local")
+    parser.add_argument("--metrics", help="where to write the rows and document lengths per split "
+                                          "(data/metrics/download.json)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # "downloading ... / using cached ..."
     try:
@@ -74,9 +147,16 @@ def main(argv: list[str] | None = None) -> None:
         if data.source == "local" and isinstance(options, dict):
             check_local_paths(options.get("paths"), Path(args.local_root))
         cache = Path(data.cache_dir).expanduser() if data.cache_dir else default_cache_dir()
-        download(data.source, options, cache, Path(args.out))
+        metrics = download(data.source, options, cache, Path(args.out))
+        if args.metrics:
+            atomic_write_json(args.metrics, metrics)
     except (ParamsError, ValueError, OSError) as exc:
         raise stage_error("download", exc) from None
+    for split, record in metrics["splits"].items():
+        chars = record["target_chars"]
+        log.info("download: %s: %s rows; %s characters p50 %s, p99 %s, max %s", split,
+                 f"{record['rows']:,}", "text" if metrics["task"] == "language_modeling" else "target",
+                 chars["p50"], chars["p99"], chars["max"])
 
 
 if __name__ == "__main__":

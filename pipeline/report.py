@@ -37,12 +37,13 @@ from pipeline.params import ReportParams, TrainParams, read_yaml
 from pipeline.reporting import sweeps
 from pipeline.reporting.dvc_files import curve_tables, metrics_summary
 from pipeline.reporting.figures import figure_blocks
-from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs
+from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
 from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs
 from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Paragraph, to_html, to_markdown
 from pipeline.reporting.tables import (
-    BASE_METRICS, DERIVED, TASK_METRICS, compute_results, cost_blocks, data_blocks, output_blocks, params_blocks,
+    BASE_METRICS, DERIVED, TASK_METRICS, compute_results, cost_blocks, data_blocks, download_blocks, output_blocks,
+    params_blocks,
     per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks, setup_blocks, unigram_plateau,
 )
 
@@ -58,6 +59,7 @@ def render_report(
     baseline: str, budget: Mapping[str, object], out_dir: Path,
     notes: Sequence[str] = (), reference: Mapping | None = None, primary_metric: str | None = None,
     lr_sweep: Sequence[float] = (), main_lr: Mapping[str, float] | None = None, scales: Sequence[str] = (),
+    download_metrics: Path | None = None,
 ) -> list[RunFiles]:
     """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
 
@@ -106,6 +108,8 @@ def render_report(
             + params_blocks(runs, variants, seeds)
             + cost_blocks(runs, variants, seeds)
             + data_blocks(filt, Path(filter_metrics))
+            + (download_blocks(read_json(Path(download_metrics), dict), Path(download_metrics))
+               if download_metrics is not None else [])
             + samples_blocks(runs, variants, seeds)
             + output_blocks(runs, variants, seeds)
             + per_run_blocks(runs, variants, seeds, results.metrics)
@@ -198,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=Path, required=True, help="train stage outputs (data/runs)")
     parser.add_argument("--evals", type=Path, required=True, help="evaluate stage outputs (data/eval)")
     parser.add_argument("--filter-metrics", type=Path, required=True, help="data/metrics/filter.json")
+    parser.add_argument("--download-metrics", type=Path, help="data/metrics/download.json")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--out-dir", type=Path, required=True, help="replaced as a whole (reports)")
     args = parser.parse_args(argv)
@@ -216,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             primary_metric=report.get("primary_metric"),
             lr_sweep=params.get("lr_sweep") or [], main_lr=main_rates(params),
             scales=[str(s) for s in params.get("scales") or {}],
+            download_metrics=args.download_metrics,
         )
     except ReportInputError as e:
         raise SystemExit(f"report: {e}") from None

@@ -162,9 +162,8 @@ class SplitWriter:
         self.source: list[str] = []
         self.target: list[str] = []
         self.chars = self.rows = 0
-        self._atomic = atomic_path(self.path)
-        self.tmp = self._atomic.__enter__()
-        self.writer: pq.ParquetWriter | None = None
+        self._atomic = atomic_path(self.path)  # entered at the first write: a failure before
+        self.writer: pq.ParquetWriter | None = None  # it leaves nothing behind
 
     @property
     def count(self) -> int:
@@ -201,7 +200,7 @@ class SplitWriter:
         table = pa.table({"source": pa.array(self.source, type=pa.string()),
                           "target": pa.array(self.target, type=pa.string())})
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.tmp, table.schema)
+            self.writer = pq.ParquetWriter(self._atomic.__enter__(), table.schema)
         self.writer.write_table(table)
         self.rows += table.num_rows
         self.source, self.target, self.chars = [], [], 0
@@ -217,7 +216,7 @@ class SplitWriter:
     def abort(self) -> None:
         if self.writer is not None:
             self.writer.close()
-        self._atomic.__exit__(ValueError, None, None)  # removes the temporary
+            self._atomic.__exit__(ValueError, None, None)  # removes the temporary
 
 
 class RawWriter:
@@ -227,7 +226,6 @@ class RawWriter:
         if meta.get("task") not in TASKS:
             raise ValueError(f"meta.task: must be one of {', '.join(TASKS)} (got {meta.get('task')!r})")
         self.out_dir, self.meta, self.rows = Path(out_dir), meta, {}
-        self.out_dir.mkdir(parents=True, exist_ok=True)
 
     @contextmanager
     def split(self, split: str) -> Iterator[SplitWriter]:
