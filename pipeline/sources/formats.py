@@ -328,10 +328,13 @@ class _JsonArray:
                 self.pos += 1
                 if sep == "]":
                     break
+                if not sep:
+                    last = self.line + self.buf.count(NL, 0, len(self.buf.rstrip()))
+                    raise ValueError(f"{self.path}: after array element {n}: expected ',' or ']', "
+                                     f"got the end of the file after line {last} (cut short?)")
                 if sep != ",":
-                    got = repr(sep) if sep else "the end of the file (cut short?)"
                     raise ValueError(f"{self.path}: after array element {n} "
-                                     f"({self._where(self.pos - 1)}): expected ',' or ']', got {got}")
+                                     f"({self._where(self.pos - 1)}): expected ',' or ']', got {sep!r}")
         if self._skip():
             raise ValueError(f"{self.path}: text after the end of the JSON array "
                              f"({self._where(self.pos)})")
@@ -349,7 +352,8 @@ class _JsonArray:
                                    self.limit) from None
                 if not self.eof and self._more():
                     continue
-                cut = " (the file ends inside it)" if err.pos >= len(self.buf) - 1 else ""
+                ends = err.pos >= len(self.buf.rstrip()) - 1 or err.msg.startswith("Unterminated")
+                cut = " (the file ends inside it)" if ends else ""
                 raise ValueError(f"{self.path}: array element {n}: invalid JSON ({err.msg}, "
                                  f"{self._where(err.pos)}){cut}") from None
 

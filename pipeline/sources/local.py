@@ -140,7 +140,7 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:  # noqa: ARG00
                 left = None if opts.max_rows is None else opts.max_rows - rows.count
                 if left == 0:
                     break
-                batches = _batches(item, opts, progress)
+                batches = _batches(item, opts, progress, left)
                 for sources, targets in batches:
                     if left is not None and len(targets) >= left:
                         sources, targets = sources and sources[:left], targets[:left]
@@ -164,8 +164,10 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:  # noqa: ARG00
 Batch = tuple[list[str] | None, list[str]]  # (sources, or None for all "", targets)
 
 
-def _batches(item: Path | tuple[Path, Path], opts: Options, progress: Progress) -> Iterator[Batch]:
-    """The rows of one file or pair, streamed as lists of checked strings."""
+def _batches(item: Path | tuple[Path, Path], opts: Options, progress: Progress,
+             max_rows: int | None) -> Iterator[Batch]:
+    """The rows of one file or pair, streamed as lists of checked strings (tabular files are
+    parsed no further than max_rows records; text at most a chunk further)."""
     limit = opts.max_record_chars
     if isinstance(item, tuple):
         fmt = _pair_format(item, opts)
@@ -177,7 +179,7 @@ def _batches(item: Path | tuple[Path, Path], opts: Options, progress: Progress) 
         else:
             pairs = (xml_pairs if fmt == "iwslt_xml" else tagged_pairs)(*item, gz, limit, progress)
         return _batched(pairs)
-    return _read(item, opts, progress)
+    return _read(item, opts, progress, max_rows)
 
 
 def _batched(pairs: Iterator[tuple[str, str]], n: int = 4096) -> Iterator[Batch]:
@@ -295,7 +297,7 @@ def _kind(path: Path, fmt: str, explicit: bool) -> tuple[str, bool]:
     return fmt, gz
 
 
-def _read(path: Path, opts: Options, progress: Progress) -> Iterator[tuple[str, str]]:
+def _read(path: Path, opts: Options, progress: Progress, max_rows: int | None) -> Iterator[Batch]:
     fmt, gz = _kind(path, opts.format, opts.format != "auto")
     lm = opts.task == "language_modeling"
     limit = opts.max_record_chars
@@ -313,11 +315,12 @@ def _read(path: Path, opts: Options, progress: Progress) -> Iterator[tuple[str, 
     wanted = list(dict.fromkeys([opts.columns.target] if lm
                                 else [opts.columns.source, opts.columns.target]))
     if fmt == "parquet":
-        batches = iter_parquet(path, wanted, progress=progress)
+        batches = iter_parquet(path, wanted, max_rows, progress)
     elif fmt == "csv":
-        batches = _csv_batches(path, gz, wanted, progress)
+        batches = _csv_batches(path, gz, wanted, progress, max_rows)
     else:
-        records = (iter_jsonl if fmt == "jsonl" else iter_json)(path, gz, limit, progress)
+        records = itertools.islice((iter_jsonl if fmt == "jsonl" else iter_json)(path, gz, limit, progress),
+                                   max_rows)
         batches = ({c: [_lookup(rec, c, path, i) for i, rec in chunk] for c in wanted}
                    for chunk in _chunked(enumerate(records, 1)))
     return _table_batches(batches, path, wanted, opts)
@@ -328,8 +331,9 @@ def _chunked(items: Iterator, n: int = 4096) -> Iterator[list]:
         yield chunk
 
 
-def _csv_batches(path: Path, gz: bool, wanted: list[str], progress: Progress) -> Iterator[dict[str, list]]:
-    for frame in iter_csv(path, gz=gz, progress=progress):
+def _csv_batches(path: Path, gz: bool, wanted: list[str], progress: Progress, max_rows: int | None
+                 ) -> Iterator[dict[str, list]]:
+    for frame in iter_csv(path, max_rows, gz=gz, progress=progress):
         missing = [c for c in wanted if c not in frame.columns]
         if missing:
             raise ValueError(f"{path}: no column {missing[0]!r} (columns: {', '.join(frame.columns)})")
