@@ -83,19 +83,18 @@ def test_separator_mode_keeps_stories_whole_and_does_not_warn(tmp_path):
 
 
 def test_the_report_shows_the_download_table(tmp_path):
-    from pipeline.report import render_report
-    from tests.fixtures.report.fake_runs import make_project
+    from pipeline.reporting.render import to_markdown
+    from pipeline.reporting.tables import download_blocks
 
     (tmp_path / "stories.txt").write_text(tinystories_text())
     _, metrics = stage(tmp_path, {"task": "language_modeling", "paths": {"train": "stories.txt"}})
-    p = make_project(tmp_path / "project")
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {},
-                  tmp_path / "reports", download_metrics=metrics)
-    md = (tmp_path / "reports" / "report.md").read_text()
-    m = json.loads(metrics.read_text())["splits"]["train"]
+    m = json.loads(metrics.read_text())
+    md = to_markdown("report", download_blocks(m, metrics))
     row = next(line for line in md.splitlines() if line.startswith("| train | 4 |"))
-    assert row.split(" | ")[2:6] == [str(m["target_chars"][k]) for k in ("p50", "p90", "p99", "max")]
+    chars = m["splits"]["train"]["target_chars"]
+    assert row.strip("| ").split(" | ")[2:7] == [str(chars[k]) for k in ("p50", "p90", "p99", "max")] + ["2"]
     assert "documents: paragraph" in md and "2 of 4 documents (50%)" in md
+    assert "not available" in to_markdown("report", download_blocks(None, tmp_path / "none.json"))
 
 
 def test_a_split_bigger_than_one_batch_is_written_in_row_groups_with_the_same_rows(tmp_path):
