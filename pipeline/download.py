@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.atomic import atomic_path, atomic_write_json
 from pipeline.params import ParamsError, load_params, stage_error
+from pipeline.progress import Progress
 from pipeline.sources import synthetic
 from pipeline.sources.http import default_cache_dir
 
@@ -108,12 +109,15 @@ def raw_metrics(raw_dir: Path, source: str, options: dict) -> dict:
     for split in (s for s in ("train", "validation", "test") if (raw_dir / f"{s}.parquet").exists()):
         hists = {c: Counter() for c in columns}
         breaks = 0
-        for batch in pq.ParquetFile(raw_dir / f"{split}.parquet").iter_batches(65536, columns=columns):
-            for c in columns:
-                counts = pc.value_counts(pc.utf8_length(batch.column(c)))
-                hists[c].update(dict(zip(counts.field("values").to_pylist(),
-                                         counts.field("counts").to_pylist())))
-            breaks += pc.sum(pc.match_substring(batch.column("target"), "\n")).as_py() or 0
+        pf = pq.ParquetFile(raw_dir / f"{split}.parquet")
+        with Progress(f"measuring {split}", total=pf.metadata.num_rows, unit="rows") as progress:
+            for batch in pf.iter_batches(65536, columns=columns):
+                progress.update(batch.num_rows)
+                for c in columns:
+                    counts = pc.value_counts(pc.utf8_length(batch.column(c)))
+                    hists[c].update(dict(zip(counts.field("values").to_pylist(),
+                                             counts.field("counts").to_pylist())))
+                breaks += pc.sum(pc.match_substring(batch.column("target"), "\n")).as_py() or 0
         rows = sum(hists["target"].values())
         record = {"rows": rows, **{f"{c}_chars": percentiles(hists[c]) for c in columns}}
         if lm:
