@@ -59,6 +59,14 @@ PERCENTILES = (50, 90, 99)
 LINE_BREAK_WARNING = 0.1
 
 
+def check_source_paths(source: str, options: dict, root: Path) -> None:
+    """The files a source reads in place (local's paths, iwslt2017's local_dir) lie in `root`."""
+    if source == "local":
+        check_local_paths(options.get("paths"), root)
+    elif source == "iwslt2017" and options.get("local_dir") is not None:
+        check_local_paths(options["local_dir"], root, "data.iwslt2017.local_dir")
+
+
 def download(source: str, options: dict, cache_dir: Path, out: Path) -> dict:
     """Write the raw splits of `source` to `out` atomically (a directory swap); their metrics."""
     with atomic_path(out) as tmp:
@@ -148,8 +156,8 @@ def main(argv: list[str] | None = None) -> None:
         params = load_params(args.params)
         data = params.data
         options = data.synthetic.model_dump() if data.source == "synthetic" else dict(data.model_extra or {}).get(data.source, {})
-        if data.source == "local" and isinstance(options, dict):
-            check_local_paths(options.get("paths"), Path(args.local_root))
+        if isinstance(options, dict):
+            check_source_paths(data.source, options, Path(args.local_root))
         cache = Path(data.cache_dir).expanduser() if data.cache_dir else default_cache_dir()
         metrics = download(data.source, options, cache, Path(args.out))
         if args.metrics:

@@ -184,3 +184,11 @@ def test_iwslt2017_local_dir_missing_files_are_listed_in_one_line(tmp_path):
     assert message.startswith("data.iwslt2017.local_dir: 1 of 6 files missing: ") and "\n" not in message
     assert str(folder / "IWSLT17.TED.tst2010.en-de.de.xml") in message
     assert not (tmp_path / "raw").exists()
+
+
+def test_iwslt2017_local_dir_must_be_under_the_folder_dvc_tracks(tmp_path):
+    from pipeline.download import check_source_paths
+
+    check_source_paths("iwslt2017", {"local_dir": str(tmp_path / "local" / "en-de")}, tmp_path / "local")
+    with pytest.raises(ValueError, match=r"data.iwslt2017.local_dir: .* is outside"):
+        check_source_paths("iwslt2017", {"local_dir": str(tmp_path / "en-de")}, tmp_path / "local")
