@@ -104,12 +104,8 @@ def chunks(f: TextIO, size: int = _CHUNK) -> Iterator[str]:
         yield chunk
 
 
-class RecordTooLong(ValueError):
-    pass
-
-
-def too_long(path: Path, what: str, limit: int) -> RecordTooLong:
-    return RecordTooLong(f"{path}: {what} is longer than {limit:,} characters (a file without line "
+def too_long(path: Path, what: str, limit: int) -> ValueError:
+    return ValueError(f"{path}: {what} is longer than {limit:,} characters (a file without line "
                          f"breaks, or the wrong format?); raise data.local.max_record_chars if it "
                          f"is meant to be one record")
 
@@ -394,10 +390,6 @@ def _unclosed_quote_line(path: Path, gz: bool | None) -> int:
     return start
 
 
-def read_csv(path: Path, max_rows: int | None = None, gz: bool | None = None) -> pd.DataFrame:
-    return pd.concat(list(iter_csv(path, max_rows, gz)), ignore_index=True)
-
-
 def split_paragraphs(text: str) -> list[str]:
     """Blocks separated by blank lines, stripped, empties dropped."""
     return [b.strip() for b in re.split(r"\n[ \t]*\n", text) if b.strip()]
@@ -406,15 +398,10 @@ def split_paragraphs(text: str) -> list[str]:
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 
 
-def iter_paragraphs(path: Path, gz: bool | None = None, limit: int | None = None,
-                    progress: Progress | None = None) -> Iterator[str]:
-    """split_paragraphs of a file, streamed a chunk at a time (a line of spaces and tabs is blank)."""
-    return itertools.chain.from_iterable(paragraph_batches(path, gz, limit, progress))
-
-
 def paragraph_batches(path: Path, gz: bool | None = None, limit: int | None = None,
                       progress: Progress | None = None) -> Iterator[list[str]]:
-    """iter_paragraphs a chunk's worth at a time (a list per chunk: no per-document Python)."""
+    """split_paragraphs of a file, streamed: a list of documents per chunk read (a line of spaces
+    and tabs is blank; no per-document Python)."""
     with open_text(path, gz, progress=progress) as f:
         tail = ""
         for chunk in chunks(f):
@@ -440,15 +427,9 @@ def _check_len(text: str, path: Path, limit: int | None, what: str) -> None:
         raise too_long(path, f"{what} (starting {quote(text.lstrip()[:40])})", limit)
 
 
-def iter_lines(path: Path, gz: bool | None = None, limit: int | None = None,
-               progress: Progress | None = None) -> Iterator[str]:
-    """The non-blank lines of a file, stripped."""
-    return itertools.chain.from_iterable(line_batches(path, gz, limit, progress))
-
-
 def line_batches(path: Path, gz: bool | None = None, limit: int | None = None,
                  progress: Progress | None = None) -> Iterator[list[str]]:
-    """iter_lines a chunk's worth at a time."""
+    """The non-blank lines of a file, stripped: a list per chunk read."""
     # newline="\n": a line is what ends in "\n" (as `wc -l` counts): a stray "\r" does not split it
     with open_text(path, gz, newline="\n", progress=progress) as f:
         tail, lineno = "", 0
@@ -499,47 +480,19 @@ def iter_parallel(source: Path, target: Path, gz: tuple[bool | None, bool | None
             n += 1
 
 
-def count_lines(path: Path, gz: bool | None = None) -> int:
-    """Lines as iter_raw_lines counts them (to compare the rest of a pair past max_rows)."""
-    with open_text(path, gz, newline="\n") as f:
-        return sum(1 for _ in iter_raw_lines(f, path))
-
-
-def read_parallel(source: Path, target: Path, max_rows: int | None = None,
-                  gz: tuple[bool | None, bool | None] = (None, None)
-                  ) -> tuple[list[str], list[str]]:
-    """iter_parallel as two lists; both files are read to the end even past max_rows, to compare
-    their line counts: one missing line anywhere misaligns all the pairs that follow."""
-    sources: list[str] = []
-    targets: list[str] = []
-    for i, (s, t) in enumerate(iter_parallel(source, target, gz)):
-        if max_rows is None or i < max_rows:
-            sources.append(s)
-            targets.append(t)
-    return sources, targets
-
-
 def _chomp(line: str) -> str:
     return line[:-1] if line.endswith("\r") else line
-
-
-def iter_delimited(path: Path, separator: str, drop_tail: bool = False, gz: bool | None = None,
-                   errors: str = "replace", limit: int | None = None,
-                   progress: Progress | None = None) -> Iterator[str]:
-    """Documents of a text file separated by `separator`, streamed a chunk at a time.
-
-    drop_tail: skip the text after the last separator (the file was cut, e.g. by max_bytes, so the
-    last document is incomplete). errors="replace" (the default): a file cut at a byte limit may
-    end inside a multi-byte character; "strict" reports a bad byte as not UTF-8.
-    """
-    return itertools.chain.from_iterable(
-        delimited_batches(path, separator, drop_tail, gz, errors, limit, progress))
 
 
 def delimited_batches(path: Path, separator: str, drop_tail: bool = False, gz: bool | None = None,
                       errors: str = "replace", limit: int | None = None,
                       progress: Progress | None = None) -> Iterator[list[str]]:
-    """iter_delimited a chunk's worth at a time."""
+    """Documents of a text file separated by `separator`: a list per chunk read.
+
+    drop_tail: skip the text after the last separator (the file was cut, e.g. by max_bytes, so the
+    last document is incomplete). errors="replace" (the default): a file cut at a byte limit may
+    end inside a multi-byte character; "strict" reports a bad byte as not UTF-8.
+    """
     tail = ""
     with open_text(path, gz, errors=errors, progress=progress) as f:
         for chunk in chunks(f):
