@@ -14,18 +14,19 @@ an error. Links are fine: the path is checked as written, not where a link point
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.atomic import atomic_path, atomic_write_json
 from pipeline.params import ParamsError, load_params, stage_error
 from pipeline.progress import Progress
 from pipeline.sources import synthetic
+from pipeline.sources.common import SPLITS, TextStats
 from pipeline.sources.http import default_cache_dir
 
 
@@ -72,12 +73,26 @@ def download(source: str, options: dict, cache_dir: Path, out: Path) -> dict:
     with atomic_path(out) as tmp:
         if source == "synthetic":
             write_synthetic(tmp, options["n_examples"], options["seed"])
+            stats = read_stats(tmp)
         else:
             from pipeline.sources import get_source  # real sources: imported only when used
 
             tmp.mkdir(parents=True)
-            get_source(source).fetch(options, cache_dir, tmp)
-        return raw_metrics(tmp, source, options)
+            stats = get_source(source).fetch(options, cache_dir, tmp)
+        return raw_metrics(tmp, source, options, stats)
+
+
+def read_stats(raw_dir: Path) -> dict[str, TextStats]:
+    """TextStats of each raw/<split>.parquet, read back a record batch at a time."""
+    stats = {}
+    for split in (s for s in SPLITS if (raw_dir / f"{s}.parquet").exists()):
+        stats[split] = TextStats()
+        pf = pq.ParquetFile(raw_dir / f"{split}.parquet")
+        with Progress(f"measuring {split}", total=pf.metadata.num_rows, unit="rows") as progress:
+            for batch in pf.iter_batches(65536):
+                stats[split].add(batch)
+                progress.update(batch.num_rows)
+    return stats
 
 
 def percentiles(hist: Counter) -> dict[str, int | None]:
@@ -97,11 +112,10 @@ def percentiles(hist: Counter) -> dict[str, int | None]:
     return out
 
 
-def raw_metrics(raw_dir: Path, source: str, options: dict) -> dict:
-    """Per split: rows, length percentiles in characters and documents holding a line break,
-    read back from raw/ a record batch at a time (memory: one batch and a length histogram)."""
-    import json
-
+def raw_metrics(raw_dir: Path, source: str, options: dict, stats: dict[str, TextStats]) -> dict:
+    """Per split: rows, length percentiles in characters and (language modelling) documents
+    holding a line break; the documents mode and separator; a warning when `paragraph` leaves
+    many documents with a line break."""
     meta = json.loads((raw_dir / "meta.json").read_text(encoding="utf-8"))
     lm = meta.get("task") == "language_modeling"
     documents = separator = None
@@ -114,29 +128,18 @@ def raw_metrics(raw_dir: Path, source: str, options: dict) -> dict:
     metrics: dict = {"source": source, "task": meta.get("task"), "documents": documents,
                      "separator": separator, "splits": {}, "warnings": []}
     columns = ["target"] if lm else ["source", "target"]
-    for split in (s for s in ("train", "validation", "test") if (raw_dir / f"{s}.parquet").exists()):
-        hists = {c: Counter() for c in columns}
-        breaks = 0
-        pf = pq.ParquetFile(raw_dir / f"{split}.parquet")
-        with Progress(f"measuring {split}", total=pf.metadata.num_rows, unit="rows") as progress:
-            for batch in pf.iter_batches(65536, columns=columns):
-                progress.update(batch.num_rows)
-                for c in columns:
-                    counts = pc.value_counts(pc.utf8_length(batch.column(c)))
-                    hists[c].update(dict(zip(counts.field("values").to_pylist(),
-                                             counts.field("counts").to_pylist())))
-                breaks += pc.sum(pc.match_substring(batch.column("target"), "\n")).as_py() or 0
-        rows = sum(hists["target"].values())
-        record = {"rows": rows, **{f"{c}_chars": percentiles(hists[c]) for c in columns}}
+    for split, st in stats.items():
+        record = {"rows": st.rows, **{f"{c}_chars": percentiles(st.lengths[c]) for c in columns}}
         if lm:
-            record["documents_with_line_breaks"] = breaks
+            record["documents_with_line_breaks"] = st.line_breaks
         metrics["splits"][split] = record
-        if lm and documents == "paragraph" and rows and breaks / rows >= LINE_BREAK_WARNING:
-            warning = (f"{split}: {breaks:,} of {rows:,} documents ({breaks / rows:.0%}) hold a line "
-                       f"break; if your file ends documents (stories) at a single newline and "
-                       f"paragraphs at blank lines, documents: paragraph joins the end of one to the "
-                       f"start of the next: use documents: separator (e.g. <|endoftext|>) or line "
-                       f"(one document a line); README, local files")
+        if lm and documents == "paragraph" and st.rows and st.line_breaks / st.rows >= LINE_BREAK_WARNING:
+            warning = (f"{split}: {st.line_breaks:,} of {st.rows:,} documents "
+                       f"({st.line_breaks / st.rows:.0%}) hold a line break; if your file ends "
+                       f"documents (stories) at a single newline and paragraphs at blank lines, "
+                       f"documents: paragraph joins the end of one to the start of the next: use "
+                       f"documents: separator (e.g. <|endoftext|>) or line (one document a line); "
+                       f"README, local files")
             metrics["warnings"].append(warning)
             log.warning("download: %s", warning)
     return metrics

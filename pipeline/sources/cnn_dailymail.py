@@ -40,7 +40,7 @@ def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
             for split, shards in opts.files.items() for shard in shards]
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:
     opts = parse_options(Options, options, NAME)
     files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
     raw = RawWriter(out_dir, {"source": NAME, "task": task})
@@ -56,4 +56,4 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
                 with Progress(f"reading {item.file}", total=record["bytes"], unit="B") as progress:
                     for batch in iter_parquet(path, ["article", "highlights"], left, progress):
                         rows.extend(batch["article"], batch["highlights"])
-    raw.finish(files=records, options=opts.model_dump())
+    return raw.finish(files=records, options=opts.model_dump())

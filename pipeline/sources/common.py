@@ -1,9 +1,10 @@
 """What the sources share: option parsing, the files a remote source needs and their download,
-and writing raw/<split>.parquet + meta.json. Sources import this, never the package, so the
+and writing raw/<split>.parquet + meta.json (and what they hold, for the download metrics). Sources import this, never the package, so the
 registry in __init__ and the sources it loads do not import each other."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
@@ -144,6 +146,25 @@ class RemoteFiles:
                 f"your own files)")
 
 
+class TextStats:
+    """What a split holds, gathered a record batch at a time (memory: a histogram of lengths):
+    rows, each column's lengths in characters, and targets holding a line break."""
+
+    def __init__(self) -> None:
+        self.lengths = {"source": Counter(), "target": Counter()}
+        self.line_breaks = 0
+
+    def add(self, table: pa.Table | pa.RecordBatch) -> None:
+        for name, hist in self.lengths.items():
+            counts = pc.value_counts(pc.utf8_length(table.column(name)))
+            hist.update(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())))
+        self.line_breaks += pc.sum(pc.match_substring(table.column("target"), "\n")).as_py() or 0
+
+    @property
+    def rows(self) -> int:
+        return sum(self.lengths["target"].values())
+
+
 FLUSH_CHARS = 64 << 20  # text held before a record batch is written: bounds memory, not the corpus
 SCHEMA = pa.schema([("source", pa.string()), ("target", pa.string())])
 
@@ -162,6 +183,7 @@ class SplitWriter:
         self.source: list[str] = []
         self.target: list[str] = []
         self.chars = self.rows = 0
+        self.stats = TextStats()
         self._atomic = atomic_path(self.path)  # entered at the first write: a failure before
         self.writer: pq.ParquetWriter | None = None  # it leaves nothing behind
 
@@ -202,6 +224,7 @@ class SplitWriter:
         if self.writer is None:
             self.writer = pq.ParquetWriter(self._atomic.__enter__(), table.schema)
         self.writer.write_table(table)
+        self.stats.add(table)
         self.rows += table.num_rows
         self.source, self.target, self.chars = [], [], 0
 
@@ -220,12 +243,14 @@ class SplitWriter:
 
 
 class RawWriter:
-    """out_dir/<split>.parquet for each split, then meta.json (`meta` + the row counts)."""
+    """out_dir/<split>.parquet for each split, then meta.json (`meta` + the row counts).
+    `finish` returns each split's TextStats (what a source's fetch returns, for the stage's
+    metrics)."""
 
     def __init__(self, out_dir: Path, meta: dict):
         if meta.get("task") not in TASKS:
             raise ValueError(f"meta.task: must be one of {', '.join(TASKS)} (got {meta.get('task')!r})")
-        self.out_dir, self.meta, self.rows = Path(out_dir), meta, {}
+        self.out_dir, self.meta, self.rows, self.stats = Path(out_dir), meta, {}, {}
 
     @contextmanager
     def split(self, split: str) -> Iterator[SplitWriter]:
@@ -238,20 +263,23 @@ class RawWriter:
             writer.abort()
             raise
         self.rows[split] = writer.close()
+        self.stats[split] = writer.stats
 
-    def finish(self, **extra: object) -> dict:
+    def finish(self, **extra: object) -> dict[str, TextStats]:
         if not self.rows:
             raise ValueError(f"raw splits must be a non-empty subset of {SPLITS} (got [])")
         meta = {**self.meta, **extra, "rows": {s: self.rows[s] for s in SPLITS if s in self.rows}}
         atomic_write_json(self.out_dir / "meta.json", meta)
-        return meta
+        return {s: self.stats[s] for s in SPLITS if s in self.stats}
 
 
-def write_raw(out_dir: Path, splits: Mapping[str, Mapping[str, Sequence[str]]], meta: dict) -> dict:
+def write_raw(out_dir: Path, splits: Mapping[str, Mapping[str, Sequence[str]]], meta: dict
+              ) -> dict[str, TextStats]:
     """Write out_dir/<split>.parquet (string columns source, target) and out_dir/meta.json.
 
     `splits` maps split name -> {"source": [...], "target": [...]} (a DataFrame works too).
-    `meta` must hold "source" and "task"; row counts are added under "rows". Returns the meta.
+    `meta` must hold "source" and "task"; row counts are added under "rows". Returns each
+    split's TextStats.
     """
     unknown = sorted(set(splits) - set(SPLITS))
     if unknown or not splits:

@@ -51,11 +51,10 @@ def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
             for split, file in opts.files.items()]
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:
     opts = parse_options(Options, options, NAME)
     if opts.local_dir is not None:
-        fetch_local(opts, out_dir)
-        return
+        return fetch_local(opts, out_dir)
     files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
     src_lang, tgt_lang = opts.direction.split("-")
     splits, records = {}, []
@@ -76,11 +75,11 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
                 raise ValueError(f"{path}: row {i}: translation must hold strings 'en' and 'de'")
         splits[split] = {"source": [p[src_lang] for p in pairs],
                          "target": [p[tgt_lang] for p in pairs]}
-    write_raw(out_dir, splits, {"source": NAME, "task": task, "direction": opts.direction,
+    return write_raw(out_dir, splits, {"source": NAME, "task": task, "direction": opts.direction,
                                 "files": records, "options": opts.model_dump()})
 
 
-def fetch_local(opts: Options, out_dir: Path) -> None:
+def fetch_local(opts: Options, out_dir: Path) -> dict:
     """The official release in `local_dir`, streamed (train.tags + XML, see the module doc)."""
     root = Path(opts.local_dir).expanduser()
     src_lang, tgt_lang = opts.direction.split("-")
@@ -102,4 +101,4 @@ def fetch_local(opts: Options, out_dir: Path) -> None:
                     rows.add(s, t)  # past max_rows: read on, to check the alignment to the end
         records += [{"split": split, "path": str(p), "sha256": sha256_file(p), "bytes": p.stat().st_size}
                     for p in (source, target)]
-    raw.finish(direction=opts.direction, files=records, options=opts.model_dump())
+    return raw.finish(direction=opts.direction, files=records, options=opts.model_dump())

@@ -125,7 +125,7 @@ class Options(BaseModel):
         return value
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:  # noqa: ARG001 (no cache)
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:  # noqa: ARG001 (no cache)
     opts = parse_options(Options, options, NAME)
     _check(opts)
     raw = RawWriter(out_dir, {"source": NAME, "task": opts.task})
@@ -158,7 +158,7 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:  # noqa: ARG00
                 raise ValueError(f"{key}: no rows found in {[_show(e) for e in entry]}")
     # The default limit is left out of meta.json so raw/ of existing studies stays byte-identical.
     default = {"max_record_chars"} if opts.max_record_chars == MAX_RECORD_CHARS else set()
-    raw.finish(files=records, options=opts.model_dump(exclude=default))
+    return raw.finish(files=records, options=opts.model_dump(exclude=default))
 
 
 Batch = tuple[list[str] | None, list[str]]  # (sources, or None for all "", targets)

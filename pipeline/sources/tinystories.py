@@ -41,7 +41,7 @@ def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
             for split, file in opts.files.items()]
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:
     opts = parse_options(Options, options, NAME)
     files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
     raw = RawWriter(out_dir, {"source": NAME, "task": task})
@@ -82,4 +82,4 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
         with raw.split(split) as rows:
             for batch in stories("reading"):
                 rows.extend_strings(None, batch)
-    raw.finish(files=records, options=opts.model_dump())
+    return raw.finish(files=records, options=opts.model_dump())
