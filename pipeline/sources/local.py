@@ -15,7 +15,11 @@ data/local/ (the folder dvc.yaml tracks, so edits rerun `download`). Nothing is 
 cached.
 
 Formats, told by the suffix (under a `.gz`: `train.jsonl.gz` is gzip-compressed jsonl) unless
-`format` (parquet | jsonl | json | csv | txt) is set, which also reads a misnamed gzip file.
+`format` (parquet | jsonl | json | csv | txt | iwslt_xml | iwslt_tags) is set, which also reads a
+misnamed gzip file. `*.xml` and `train.tags.*` are the IWSLT release as it ships
+(pipeline/sources/markup.py): a pair of them gives aligned sentence pairs, one alone (language
+modelling) a document per talk. A file read as plain text (txt, or a side of a parallel pair)
+whose first lines are XML/SGML markup is an error naming the format to use.
 A name that disagrees with the first bytes (gzip named .jsonl, parquet named .jsonl, .gz that is
 not gzip) is an error before anything is parsed. Text is UTF-8. Examples:
 
@@ -54,6 +58,10 @@ filter stage carves missing language-modelling splits from the end of train, in 
 
 `max_rows` keeps the first N rows of each split (files are parsed only as far as needed, except
 that both parallel files are counted to the end).
+
+Every format is streamed and raw/ is written in record batches, so memory does not grow with the
+files; a line or document longer than `max_record_chars` (default 16 Mi characters: a file
+without line breaks, a binary file) is an error naming the file and line.
 """
 from __future__ import annotations
 
