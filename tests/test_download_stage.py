@@ -179,3 +179,18 @@ def test_max_rows_stops_before_a_damaged_tail(tmp_path):
                                     "columns": {"target": "text"}, "max_rows": 2})
     assert pq.read_table(raw / "train.parquet")["target"].to_pylist() == ["a", "b"]
     assert json.loads(metrics.read_text())["splits"]["train"]["rows"] == 2
+
+
+def test_reading_shows_progress_in_bytes_of_the_files(tmp_path, monkeypatch, capsys):
+    from pipeline.progress import Progress
+    from pipeline.sources import local
+
+    class Every(Progress):  # a log line at every update instead of every 10 s
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "every_s": 0})
+
+    monkeypatch.setattr(local, "Progress", Every)
+    (tmp_path / "big.txt").write_text("word word word\n\n" * 200_000)  # 3.2 MB: 4 chunks
+    stage(tmp_path, {"task": "language_modeling", "paths": {"train": "big.txt"}})
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("reading train: ")]
+    assert len(lines) >= 4 and lines[-1].startswith("reading train: 3.1 MB/3.1 MB (100%)")
