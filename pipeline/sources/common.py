@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +187,8 @@ class SplitWriter:
         self.stats = TextStats()
         self._atomic = atomic_path(self.path)  # entered at the first write: a failure before
         self.writer: pq.ParquetWriter | None = None  # it leaves nothing behind
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
 
     @property
     def count(self) -> int:
@@ -223,21 +226,36 @@ class SplitWriter:
                           "target": pa.array(self.target, type=pa.string())})
         if self.writer is None:
             self.writer = pq.ParquetWriter(self._atomic.__enter__(), table.schema)
-        self.writer.write_table(table)
-        self.stats.add(table)
+            self._pool = ThreadPoolExecutor(1)
+        self._wait()
+        # Encoding and compressing a batch releases the GIL: it runs on the second core while the
+        # reader parses the next one (at most two batches in memory).
+        self._pending = self._pool.submit(self._write, table)
         self.rows += table.num_rows
         self.source, self.target, self.chars = [], [], 0
+
+    def _write(self, table: pa.Table) -> None:
+        self.writer.write_table(table)
+        self.stats.add(table)
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()  # re-raises a failed write here
 
     def close(self) -> int:
         """Write what is left and put the file in place; the number of rows."""
         if self.source or self.writer is None:  # an empty split is one empty table, as before
             self._flush()
+        self._wait()
+        self._pool.shutdown()
         self.writer.close()
         self._atomic.__exit__(None, None, None)
         return self.rows
 
     def abort(self) -> None:
         if self.writer is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self.writer.close()
             self._atomic.__exit__(ValueError, None, None)  # removes the temporary
 

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -136,7 +137,11 @@ class Options(BaseModel):
 def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:  # noqa: ARG001 (no cache)
     opts = parse_options(Options, options, NAME)
     _check(opts)
-    raw = RawWriter(out_dir, {"source": NAME, "task": opts.task})
+    with ThreadPoolExecutor(1) as hasher:  # checksums on the second core while the first parses
+        return _fetch(opts, RawWriter(out_dir, {"source": NAME, "task": opts.task}), hasher)
+
+
+def _fetch(opts: Options, raw: RawWriter, hasher: ThreadPoolExecutor) -> dict:
     records = []
     for split, entry in opts.paths.items():
         key = f"data.{NAME}.paths.{split}"
@@ -148,6 +153,9 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:  # noqa: ARG00
                 left = None if opts.max_rows is None else opts.max_rows - rows.count
                 if left == 0:
                     break
+                for p in item if isinstance(item, tuple) else (item,):
+                    records.append({"split": split, "path": str(p), "sha256": hasher.submit(sha256_file, p),
+                                    "bytes": p.stat().st_size})
                 batches = _batches(item, opts, progress, left)
                 for sources, targets in batches:
                     if left is not None and len(targets) >= left:
@@ -159,11 +167,10 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:  # noqa: ARG00
                 if isinstance(item, tuple):
                     for _ in batches:  # both files to the end: a line missing anywhere is an error
                         pass
-                for p in item if isinstance(item, tuple) else (item,):
-                    records.append({"split": split, "path": str(p), "sha256": sha256_file(p),
-                                    "bytes": p.stat().st_size})
             if not rows.count:
                 raise ValueError(f"{key}: no rows found in {[_show(e) for e in entry]}")
+    for record in records:
+        record["sha256"] = record["sha256"].result()
     # The default limit is left out of meta.json so raw/ of existing studies stays byte-identical.
     default = {"max_record_chars"} if opts.max_record_chars == MAX_RECORD_CHARS else set()
     return raw.finish(files=records, options=opts.model_dump(exclude=default))
