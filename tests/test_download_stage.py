@@ -194,3 +194,11 @@ def test_reading_shows_progress_in_bytes_of_the_files(tmp_path, monkeypatch, cap
     stage(tmp_path, {"task": "language_modeling", "paths": {"train": "big.txt"}})
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("reading train: ")]
     assert len(lines) >= 4 and lines[-1].startswith("reading train: 3.1 MB/3.1 MB (100%)")
+
+
+def test_a_long_bad_value_is_quoted_cut_short_with_a_1_based_row(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"text": "a"}\n{"text": ["' + "v" * 5000 + '"]}\n')
+    message = fails(tmp_path, {"task": "language_modeling", "paths": {"train": "t.jsonl"},
+                               "columns": {"target": "text"}}, "t.jsonl: row 2 column 'text' is ['vvv",
+                    "(5,004 characters), not a string")
+    assert len(message) < 300

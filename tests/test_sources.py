@@ -263,7 +263,7 @@ def test_iwslt2017_reads_translation_structs_in_either_direction(hub, tmp_path, 
 
 def test_iwslt2017_rejects_rows_without_both_languages(hub, tmp_path):
     options = put_iwslt(hub, [{"de": "Danke.", "en": None}])
-    with pytest.raises(ValueError, match="row 0: translation must hold"):
+    with pytest.raises(ValueError, match="row 1: translation must hold"):
         run("iwslt2017", options, tmp_path)
 
 

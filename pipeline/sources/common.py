@@ -166,7 +166,7 @@ class TextStats:
         return sum(self.lengths["target"].values())
 
 
-FLUSH_CHARS = 64 << 20  # text held before a record batch is written: bounds memory, not the corpus
+FLUSH_CHARS = 32 << 20  # text held before a record batch is written: bounds memory, not the corpus
 SCHEMA = pa.schema([("source", pa.string()), ("target", pa.string())])
 
 

@@ -260,6 +260,11 @@ def quote(text: str, n: int = 80) -> str:
     return repr(text) if len(text) <= n else repr(text[:n]) + f"... ({len(text):,} characters)"
 
 
+def cut(text: str, n: int = 80) -> str:
+    """`text` (already printable, e.g. a repr) cut to about n characters for an error message."""
+    return text if len(text) <= n else text[:n] + f"... ({len(text):,} characters)"
+
+
 def read_jsonl(path: Path, max_rows: int | None = None) -> list[dict]:
     return list(itertools.islice(iter_jsonl(path), max_rows))
 

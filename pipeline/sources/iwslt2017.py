@@ -72,7 +72,7 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:
         for i, pair in enumerate(pairs):
             if not isinstance(pair, dict) or not all(isinstance(pair.get(k), str)
                                                      for k in ("en", "de")):
-                raise ValueError(f"{path}: row {i}: translation must hold strings 'en' and 'de'")
+                raise ValueError(f"{path}: row {i + 1}: translation must hold strings 'en' and 'de'")
         splits[split] = {"source": [p[src_lang] for p in pairs],
                          "target": [p[tgt_lang] for p in pairs]}
     return write_raw(out_dir, splits, {"source": NAME, "task": task, "direction": opts.direction,

@@ -76,7 +76,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, PositiveInt, Tag, fie
 from pipeline.progress import Progress
 from pipeline.sources.common import RawWriter, Split, parse_options
 from pipeline.sources.formats import (
-    GZIP_MAGIC, PARQUET_MAGIC, delimited_batches, head_bytes, is_parquet, iter_csv, iter_json, iter_jsonl,
+    GZIP_MAGIC, PARQUET_MAGIC, cut, delimited_batches, head_bytes, is_parquet, iter_csv, iter_json, iter_jsonl,
     iter_parallel, iter_parquet, line_batches, paragraph_batches, quote, read_text,
 )
 from pipeline.sources.http import sha256_file
@@ -368,7 +368,7 @@ def _table_batches(batches: Iterable[dict[str, list]], path: Path, wanted: list[
                 v = batch[c][bad]
                 hint = (f"; pick a field with a dotted name, e.g. {c}.{next(iter(v))}"
                         if isinstance(v, dict) and v else "")
-                raise ValueError(f"{path}: row {n + bad + 1} column {c!r} is {quote(repr(v))[1:-1]}, "
+                raise ValueError(f"{path}: row {n + bad + 1} column {c!r} is {cut(repr(v))}, "
                                  f"not a string{hint}")
         targets = batch[opts.columns.target]
         yield (None if lm else batch[opts.columns.source]), targets
@@ -399,7 +399,7 @@ def _lookup(record: dict, key: str, path: Path, i: int) -> Any:
     for depth, part in enumerate(key.split(".")):
         if not isinstance(value, dict) or part not in value:
             parent = ".".join(key.split(".")[:depth]) or "the record"
-            has = (f"{parent} has keys: {', '.join(map(str, value))}" if isinstance(value, dict)
+            has = (f"{parent} has keys: {cut(', '.join(map(str, value)))}" if isinstance(value, dict)
                    else f"{parent} is a {type(value).__name__}")
             raise ValueError(f"{path}: record {i} has no key {key!r} ({has})")
         value = value[part]
