@@ -105,9 +105,10 @@ def chunks(f: TextIO, size: int = _CHUNK) -> Iterator[str]:
 
 
 def too_long(path: Path, what: str, limit: int) -> ValueError:
+    """A record over the limit: reading on would hold an unbounded amount of text."""
     return ValueError(f"{path}: {what} is longer than {limit:,} characters (a file without line "
-                         f"breaks, or the wrong format?); raise data.local.max_record_chars if it "
-                         f"is meant to be one record")
+                      f"breaks, or the wrong format?); raise data.local.max_record_chars if it is "
+                      f"meant to be one record")
 
 
 def iter_raw_lines(f: TextIO, path: Path, limit: int | None = None) -> Iterator[str]:
