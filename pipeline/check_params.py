@@ -24,14 +24,14 @@ STAMP = "params.yaml: every key valid (pipeline/check_params.py)\n"
 
 def check(params: Params, local_root: Path) -> None:
     """Raise ParamsError/ValueError naming the first bad key."""
-    from pipeline.download import check_local_paths
+    from pipeline.download import check_source_paths
     from pipeline.sources import SOURCES
     from pipeline.sources.common import parse_options
 
     for name, options in (params.data.model_extra or {}).items():
         parse_options(SOURCES[name].Options, options, name)
-        if name == "local" and isinstance(options, dict):
-            check_local_paths(options.get("paths"), local_root)
+        if isinstance(options, dict):
+            check_source_paths(name, options, local_root)
     merged = {variant: resolve_variant(params, variant) for variant in params.ablations}
     tokenizer = params.train_bpe.model_dump()
     # The shared `model` section first: its error is the user's `model` key, not every variant's.

@@ -14,13 +14,19 @@ an error. Links are fine: the path is checked as written, not where a link point
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+from collections import Counter
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 from pipeline.atomic import atomic_path, atomic_write_json
 from pipeline.params import ParamsError, load_params, stage_error
+from pipeline.progress import Progress
 from pipeline.sources import synthetic
+from pipeline.sources.common import SPLITS, TextStats
 from pipeline.sources.http import default_cache_dir
 
 
@@ -47,16 +53,96 @@ def check_local_paths(paths: object, root: Path, key: str = "data.local.paths") 
                              f"or link it there (an edit elsewhere would not rerun the pipeline)")
 
 
-def download(source: str, options: dict, cache_dir: Path, out: Path) -> None:
-    """Write the raw splits of `source` to `out` atomically (a directory swap)."""
+log = logging.getLogger(__name__)
+PERCENTILES = (50, 90, 99)
+# With documents: paragraph, a share of documents holding a line break this high suggests a file
+# whose documents end at a single newline (TinyStories without separators): the warning says so.
+LINE_BREAK_WARNING = 0.1
+
+
+def check_source_paths(source: str, options: dict, root: Path) -> None:
+    """The files a source reads in place (local's paths, iwslt2017's local_dir) lie in `root`."""
+    if source == "local":
+        check_local_paths(options.get("paths"), root)
+    elif source == "iwslt2017" and options.get("local_dir") is not None:
+        check_local_paths(options["local_dir"], root, "data.iwslt2017.local_dir")
+
+
+def download(source: str, options: dict, cache_dir: Path, out: Path) -> dict:
+    """Write the raw splits of `source` to `out` atomically (a directory swap); their metrics."""
     with atomic_path(out) as tmp:
         if source == "synthetic":
             write_synthetic(tmp, options["n_examples"], options["seed"])
-            return
-        from pipeline.sources import get_source  # real sources: imported only when used
+            stats = read_stats(tmp)
+        else:
+            from pipeline.sources import get_source  # real sources: imported only when used
 
-        tmp.mkdir(parents=True)
-        get_source(source).fetch(options, cache_dir, tmp)
+            tmp.mkdir(parents=True)
+            stats = get_source(source).fetch(options, cache_dir, tmp)
+        return raw_metrics(tmp, source, options, stats)
+
+
+def read_stats(raw_dir: Path) -> dict[str, TextStats]:
+    """TextStats of each raw/<split>.parquet, read back a record batch at a time."""
+    stats = {}
+    for split in (s for s in SPLITS if (raw_dir / f"{s}.parquet").exists()):
+        stats[split] = TextStats()
+        pf = pq.ParquetFile(raw_dir / f"{split}.parquet")
+        with Progress(f"measuring {split}", total=pf.metadata.num_rows, unit="rows") as progress:
+            for batch in pf.iter_batches(65536):
+                stats[split].add(batch)
+                progress.update(batch.num_rows)
+    return stats
+
+
+def percentiles(hist: Counter) -> dict[str, int | None]:
+    """Exact nearest-rank p50/p90/p99 and max of the values counted in `hist`."""
+    n = sum(hist.values())
+    out: dict[str, int | None] = {f"p{p}": None for p in PERCENTILES} | {"max": None}
+    if not n:
+        return out
+    ranks = {f"p{p}": max(1, -(-p * n // 100)) for p in PERCENTILES}  # ceil(p/100 * n)
+    seen = 0
+    for value in sorted(hist):
+        seen += hist[value]
+        for key, rank in ranks.items():
+            if out[key] is None and seen >= rank:
+                out[key] = value
+    out["max"] = max(hist)
+    return out
+
+
+def raw_metrics(raw_dir: Path, source: str, options: dict, stats: dict[str, TextStats]) -> dict:
+    """Per split: rows, length percentiles in characters and (language modelling) documents
+    holding a line break; the documents mode and separator; a warning when `paragraph` leaves
+    many documents with a line break."""
+    meta = json.loads((raw_dir / "meta.json").read_text(encoding="utf-8"))
+    lm = meta.get("task") == "language_modeling"
+    documents = separator = None
+    if source == "local" and lm:
+        documents, separator = options.get("documents", "paragraph"), options.get("separator")
+    elif source == "tinystories":
+        from pipeline.sources.tinystories import SEPARATOR
+
+        documents, separator = "separator", SEPARATOR
+    metrics: dict = {"source": source, "task": meta.get("task"), "documents": documents,
+                     "separator": separator, "splits": {}, "warnings": []}
+    columns = ["target"] if lm else ["source", "target"]
+    for split, st in stats.items():
+        record = {"rows": st.rows, **{f"{c}_chars": percentiles(st.lengths[c]) for c in columns}}
+        if lm:
+            record["documents_with_line_breaks"] = st.line_breaks
+        metrics["splits"][split] = record
+        if lm and documents == "paragraph" and st.rows and st.line_breaks / st.rows >= LINE_BREAK_WARNING:
+            warning = (f"{split}: {st.line_breaks:,} of {st.rows:,} documents "
+                       f"({st.line_breaks / st.rows:.0%}) hold a line break; if your file ends "
+                       f"documents (stories) at a single newline and paragraphs at blank lines, "
+                       f"documents: paragraph joins the end of one to the start of the next: use "
+                       f"documents: separator (e.g. <|endoftext|>) or line (one document a line); "
+                       f"README, local files")
+            metrics["warnings"].append(warning)
+            log.warning("download: %s", warning)
+    return metrics
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,18 +151,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--local-root", default="data/local",
                         help="the folder dvc.yaml tracks for data.source: local")
+    parser.add_argument("--metrics", help="where to write the rows and document lengths per split "
+                                          "(data/metrics/download.json)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # "downloading ... / using cached ..."
     try:
         params = load_params(args.params)
         data = params.data
         options = data.synthetic.model_dump() if data.source == "synthetic" else dict(data.model_extra or {}).get(data.source, {})
-        if data.source == "local" and isinstance(options, dict):
-            check_local_paths(options.get("paths"), Path(args.local_root))
+        if isinstance(options, dict):
+            check_source_paths(data.source, options, Path(args.local_root))
         cache = Path(data.cache_dir).expanduser() if data.cache_dir else default_cache_dir()
-        download(data.source, options, cache, Path(args.out))
+        metrics = download(data.source, options, cache, Path(args.out))
+        if args.metrics:
+            atomic_write_json(args.metrics, metrics)
     except (ParamsError, ValueError, OSError) as exc:
         raise stage_error("download", exc) from None
+    for split, record in metrics["splits"].items():
+        chars = record["target_chars"]
+        log.info("download: %s: %s rows; %s characters p50 %s, p99 %s, max %s", split,
+                 f"{record['rows']:,}", "text" if metrics["task"] == "language_modeling" else "target",
+                 chars["p50"], chars["p99"], chars["max"])
 
 
 if __name__ == "__main__":

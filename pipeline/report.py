@@ -49,7 +49,8 @@ from pipeline.reporting.notes import notes_blocks
 from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Paragraph, to_html, to_markdown
 from pipeline.reporting.tables import (
-    BASE_METRICS, DERIVED, TASK_METRICS, compute_results, cost_blocks, data_blocks, output_blocks, params_blocks,
+    BASE_METRICS, DERIVED, TASK_METRICS, compute_results, cost_blocks, data_blocks, download_blocks, output_blocks,
+    params_blocks,
     per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks, setup_blocks, unigram_plateau,
 )
 from pipeline.reporting.verdict import verdict_blocks
@@ -68,6 +69,7 @@ def render_report(
     notes: Sequence[str] = (), reference: Mapping | None = None, primary_metric: str | None = None,
     lr_sweep: Sequence[float] = (), main_lr: Mapping[str, float] | None = None, scales: Sequence[str] = (),
     raw_dir: Path | None = None, shards: Path | None = None, notes_data_digest: str | None = None,
+    download_metrics: Path | None = None,
 ) -> list[RunFiles]:
     """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
 
@@ -122,6 +124,8 @@ def render_report(
             + params_blocks(runs, variants, seeds)
             + cost_blocks(runs, variants, seeds)
             + data_blocks(filt, Path(filter_metrics))
+            + (download_blocks(read_json(Path(download_metrics), dict), Path(download_metrics))
+               if download_metrics is not None else [])
             + samples_blocks(runs, variants, seeds)
             + output_blocks(runs, variants, seeds)
             + per_run_blocks(runs, variants, seeds, results.metrics)
@@ -214,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=Path, required=True, help="train stage outputs (data/runs)")
     parser.add_argument("--evals", type=Path, required=True, help="evaluate stage outputs (data/eval)")
     parser.add_argument("--filter-metrics", type=Path, required=True, help="data/metrics/filter.json")
+    parser.add_argument("--download-metrics", type=Path, help="data/metrics/download.json")
     parser.add_argument("--raw", type=Path, help="download stage output (data/raw): its meta.json")
     parser.add_argument("--shards", type=Path, help="encode stage output (data/shards): its manifest, its DVC hash")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -235,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             lr_sweep=params.get("lr_sweep") or [], main_lr=main_rates(params),
             scales=[str(s) for s in params.get("scales") or {}],
             raw_dir=args.raw, shards=args.shards, notes_data_digest=report.get("notes_data_digest"),
+            download_metrics=args.download_metrics,
         )
     except ReportInputError as e:
         raise SystemExit(f"report: {e}") from None

@@ -353,4 +353,4 @@ def test_non_utf8_parallel_text_and_a_bad_byte_late_in_a_big_file(tmp_path):
     de = tmp_path / "a.de"
     de.write_text("y\nz\n")
     one_line_error({"task": "translation", "paths": {"train": {"source": str(en), "target": str(de)}}},
-                   tmp_path, r"a.en: not UTF-8 text \(byte 0xff at offset 3000001\)")
+                   tmp_path, r"a.en: not UTF-8 text \(byte 0xff at offset 3000001, line 2\)")

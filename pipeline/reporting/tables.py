@@ -504,6 +504,32 @@ def data_blocks(filter_metrics: dict | None, path: Path) -> list[Block]:
     return blocks
 
 
+def download_blocks(metrics: dict | None, path: Path) -> list[Block]:
+    """Rows per split and their lengths in characters as the download stage wrote them, so a
+    user sees what a `documents` mode did (e.g. stories joined by `paragraph`)."""
+    if metrics is None:
+        return [Paragraph(f"Download metrics not available: {path} is missing.")]
+    splits = metrics.get("splits") if isinstance(metrics.get("splits"), dict) else {}
+    lm = metrics.get("task") == "language_modeling"
+    pct_keys = ("p50", "p90", "p99", "max")
+    rows = []
+    for split, record in splits.items():
+        record = record if isinstance(record, dict) else {}
+        chars = record.get("target_chars") if isinstance(record.get("target_chars"), dict) else None
+        breaks = number(record, "documents_with_line_breaks")
+        rows.append([split, fmt_int(number(record, "rows"))] + [fmt_int(number(chars, k)) for k in pct_keys]
+                    + ([fmt_int(breaks)] if lm else []))
+    mode = metrics.get("documents")
+    how = (f"documents: {mode}" + (f" (separator {metrics.get('separator')!r})" if metrics.get("separator") else "")
+           if mode else "")
+    notes = ([how] if how else []) + [str(w) for w in metrics.get("warnings") or []]
+    header = (["split", "documents" if lm else "rows"] + [f"{k} chars" for k in pct_keys]
+              + (["with a line break"] if lm else []))
+    return [Table(header, rows or [[MISSING] * len(header)],
+                  f"{'Documents' if lm else 'Rows'} as downloaded, {'text' if lm else 'target'} "
+                  f"lengths in characters ({path})", notes)]
+
+
 def _cut(text: object) -> str:
     if text is None:
         return MISSING

@@ -3,9 +3,10 @@
 Every source is a module `pipeline.sources.<name>` with
     task: "summarization" | "translation" | "language_modeling"  (None for `local`: set by options)
     Options: a pydantic model of its `data.<name>` params section (unknown keys are errors)
-    fetch(options: dict, cache_dir: Path, out_dir: Path) -> None
+    fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict[str, common.TextStats]
         downloads into cache_dir (reused when present and valid) and writes
-        out_dir/<split>.parquet (string columns source, target) and out_dir/meta.json.
+        out_dir/<split>.parquet (string columns source, target) and out_dir/meta.json, with
+        common.RawWriter or write_raw; returns what they return (each split's rows and lengths).
 and the downloaded (remote) sources also
     needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]
         every file the options call for, with its URL and cache path, known before any download;

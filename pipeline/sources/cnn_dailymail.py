@@ -8,12 +8,14 @@ known once the shards are read, so an offline error asks for all of them.
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.sources.common import NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, write_raw
-from pipeline.sources.formats import read_parquet
+from pipeline.progress import Progress
+from pipeline.sources.common import NeededFile, RawWriter, RemoteFiles, RemoteOptions, Split, needed_file, parse_options
+from pipeline.sources.formats import iter_parquet
 
 NAME = "cnn_dailymail"
 task = "summarization"
@@ -38,20 +40,20 @@ def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
             for split, shards in opts.files.items() for shard in shards]
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:
     opts = parse_options(Options, options, NAME)
     files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
-    splits = {split: {"source": [], "target": []} for split in opts.files}
+    raw = RawWriter(out_dir, {"source": NAME, "task": task})
     records = []
-    for item in files.needed:
-        rows = splits[item.split]
-        left = None if opts.max_rows is None else opts.max_rows - len(rows["source"])
-        if left == 0:
-            continue  # enough rows: do not download the split's remaining shards
-        path, record = files.get(item)
-        records.append({"split": item.split, **record})
-        table = read_parquet(path, ["article", "highlights"], left)
-        rows["source"] += table["article"]
-        rows["target"] += table["highlights"]
-    write_raw(out_dir, splits, {"source": NAME, "task": task, "files": records,
-                                "options": opts.model_dump()})
+    for split, items in itertools.groupby(files.needed, key=lambda n: n.split):
+        with raw.split(split) as rows:
+            for item in items:
+                left = None if opts.max_rows is None else opts.max_rows - rows.count
+                if left == 0:
+                    continue  # enough rows: do not download the split's remaining shards
+                path, record = files.get(item)
+                records.append({"split": item.split, **record})
+                with Progress(f"reading {item.file}", total=record["bytes"], unit="B") as progress:
+                    for batch in iter_parquet(path, ["article", "highlights"], left, progress):
+                        rows.extend(batch["article"], batch["highlights"])
+    return raw.finish(files=records, options=opts.model_dump())

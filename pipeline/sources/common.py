@@ -1,15 +1,19 @@
 """What the sources share: option parsing, the files a remote source needs and their download,
-and writing raw/<split>.parquet + meta.json. Sources import this, never the package, so the
+and writing raw/<split>.parquet + meta.json (and what they hold, for the download metrics). Sources import this, never the package, so the
 registry in __init__ and the sources it loads do not import each other."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
@@ -151,32 +155,162 @@ class RemoteFiles:
                 f"your own files)")
 
 
-def write_raw(out_dir: Path, splits: Mapping[str, Mapping[str, Sequence[str]]], meta: dict) -> dict:
+class TextStats:
+    """What a split holds, gathered a record batch at a time (memory: a histogram of lengths):
+    rows, each column's lengths in characters, and targets holding a line break."""
+
+    def __init__(self) -> None:
+        self.lengths = {"source": Counter(), "target": Counter()}
+        self.line_breaks = 0
+
+    def add(self, table: pa.Table | pa.RecordBatch) -> None:
+        for name, hist in self.lengths.items():
+            counts = pc.value_counts(pc.utf8_length(table.column(name)))
+            hist.update(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())))
+        self.line_breaks += pc.sum(pc.match_substring(table.column("target"), "\n")).as_py() or 0
+
+    @property
+    def rows(self) -> int:
+        return sum(self.lengths["target"].values())
+
+
+FLUSH_CHARS = 32 << 20  # text held before a record batch is written: bounds memory, not the corpus
+SCHEMA = pa.schema([("source", pa.string()), ("target", pa.string())])
+
+
+class SplitWriter:
+    """raw/<split>.parquet written in record batches as rows arrive (atomically: the file appears
+    when `close` succeeds), so memory is bounded by one batch, not by the corpus.
+
+    A split that fits in one batch is written by one write_table call, byte-identical to the
+    pq.write_table of the whole split that earlier versions did (committed dvc.lock hashes stay
+    valid); a bigger one is a sequence of row groups with the same rows.
+    """
+
+    def __init__(self, path: Path, split: str, flush_chars: int = FLUSH_CHARS):
+        self.path, self.split, self.flush_chars = Path(path), split, flush_chars
+        self.source: list[str] = []
+        self.target: list[str] = []
+        self.chars = self.rows = 0
+        self.stats = TextStats()
+        self._atomic = atomic_path(self.path)  # entered at the first write: a failure before
+        self.writer: pq.ParquetWriter | None = None  # it leaves nothing behind
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+
+    @property
+    def count(self) -> int:
+        """Rows added so far."""
+        return self.rows + len(self.target)
+
+    def add(self, source: str, target: str) -> None:
+        if not isinstance(source, str) or not isinstance(target, str):
+            col, v = ("source", source) if not isinstance(source, str) else ("target", target)
+            raise ValueError(f"{self.split}.{col}: record {self.count + 1}: expected a string, got {shown(v)}")
+        self.source.append(source)
+        self.target.append(target)
+        self.chars += len(source) + len(target)
+        if self.chars >= self.flush_chars:
+            self._flush()
+
+    def extend(self, sources: Sequence[str], targets: Sequence[str]) -> None:
+        if len(sources) != len(targets):
+            raise ValueError(f"{self.split}: source and target have different lengths")
+        for s, t in zip(sources, targets):
+            self.add(s, t)
+
+    def extend_strings(self, sources: list[str] | None, targets: list[str]) -> None:
+        """Rows a reader has already checked to be strings (None: every source is ""), added a
+        list at a time: a text corpus of millions of documents costs no Python per row."""
+        self.target += targets
+        self.source += [""] * len(targets) if sources is None else sources
+        self.chars += sum(map(len, targets)) + (0 if sources is None else sum(map(len, sources)))
+        if self.chars >= self.flush_chars:
+            self._flush()
+
+    def _flush(self) -> None:
+        table = pa.table({"source": pa.array(self.source, type=pa.string()),
+                          "target": pa.array(self.target, type=pa.string())})
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self._atomic.__enter__(), table.schema)
+            self._pool = ThreadPoolExecutor(1)
+        self._wait()
+        # Encoding and compressing a batch releases the GIL: it runs on the second core while the
+        # reader parses the next one (at most two batches in memory).
+        self._pending = self._pool.submit(self._write, table)
+        self.rows += table.num_rows
+        self.source, self.target, self.chars = [], [], 0
+
+    def _write(self, table: pa.Table) -> None:
+        self.writer.write_table(table)
+        self.stats.add(table)
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()  # re-raises a failed write here
+
+    def close(self) -> int:
+        """Write what is left and put the file in place; the number of rows."""
+        if self.source or self.writer is None:  # an empty split is one empty table, as before
+            self._flush()
+        self._wait()
+        self._pool.shutdown()
+        self.writer.close()
+        self._atomic.__exit__(None, None, None)
+        return self.rows
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self.writer.close()
+            self._atomic.__exit__(ValueError, None, None)  # removes the temporary
+
+
+class RawWriter:
+    """out_dir/<split>.parquet for each split, then meta.json (`meta` + the row counts).
+    `finish` returns each split's TextStats (what a source's fetch returns, for the stage's
+    metrics)."""
+
+    def __init__(self, out_dir: Path, meta: dict):
+        if meta.get("task") not in TASKS:
+            raise ValueError(f"meta.task: must be one of {', '.join(TASKS)} (got {meta.get('task')!r})")
+        self.out_dir, self.meta, self.rows, self.stats = Path(out_dir), meta, {}, {}
+
+    @contextmanager
+    def split(self, split: str) -> Iterator[SplitWriter]:
+        if split not in SPLITS:
+            raise ValueError(f"raw splits must be a non-empty subset of {SPLITS} (got {split!r})")
+        writer = SplitWriter(self.out_dir / f"{split}.parquet", split)
+        try:
+            yield writer
+        except BaseException:
+            writer.abort()
+            raise
+        self.rows[split] = writer.close()
+        self.stats[split] = writer.stats
+
+    def finish(self, **extra: object) -> dict[str, TextStats]:
+        if not self.rows:
+            raise ValueError(f"raw splits must be a non-empty subset of {SPLITS} (got [])")
+        meta = {**self.meta, **extra, "rows": {s: self.rows[s] for s in SPLITS if s in self.rows}}
+        atomic_write_json(self.out_dir / "meta.json", meta)
+        return {s: self.stats[s] for s in SPLITS if s in self.stats}
+
+
+def write_raw(out_dir: Path, splits: Mapping[str, Mapping[str, Sequence[str]]], meta: dict
+              ) -> dict[str, TextStats]:
     """Write out_dir/<split>.parquet (string columns source, target) and out_dir/meta.json.
 
     `splits` maps split name -> {"source": [...], "target": [...]} (a DataFrame works too).
-    `meta` must hold "source" and "task"; row counts are added under "rows". Returns the meta.
+    `meta` must hold "source" and "task"; row counts are added under "rows". Returns each
+    split's TextStats.
     """
-    if meta.get("task") not in TASKS:
-        raise ValueError(f"meta.task: must be one of {', '.join(TASKS)} (got {meta.get('task')!r})")
     unknown = sorted(set(splits) - set(SPLITS))
     if unknown or not splits:
         raise ValueError(f"raw splits must be a non-empty subset of {SPLITS} (got {sorted(splits)})")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = {}
+    raw = RawWriter(out_dir, meta)
     for split in (s for s in SPLITS if s in splits):
-        columns = {c: list(splits[split][c]) for c in ("source", "target")}
-        if len(columns["source"]) != len(columns["target"]):
-            raise ValueError(f"{split}: source and target have different lengths")
-        for col, values in columns.items():
-            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
-            if bad is not None:
-                raise ValueError(f"{split}.{col}: record {bad + 1}: expected a string, got {shown(values[bad])}")
-        table = pa.table({c: pa.array(v, type=pa.string()) for c, v in columns.items()})
-        with atomic_path(out_dir / f"{split}.parquet") as tmp:
-            pq.write_table(table, tmp)
-        rows[split] = table.num_rows
-    meta = {**meta, "rows": rows}
-    atomic_write_json(out_dir / "meta.json", meta)
-    return meta
+        with raw.split(split) as w:
+            w.extend(list(splits[split]["source"]), list(splits[split]["target"]))
+    return raw.finish()

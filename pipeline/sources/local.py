@@ -15,7 +15,11 @@ data/local/ (the folder dvc.yaml tracks, so edits rerun `download`). Nothing is 
 cached.
 
 Formats, told by the suffix (under a `.gz`: `train.jsonl.gz` is gzip-compressed jsonl) unless
-`format` (parquet | jsonl | json | csv | txt) is set, which also reads a misnamed gzip file.
+`format` (parquet | jsonl | json | csv | txt | iwslt_xml | iwslt_tags) is set, which also reads a
+misnamed gzip file. `*.xml` and `train.tags.*` are the IWSLT release as it ships
+(pipeline/sources/markup.py): a pair of them gives aligned sentence pairs, one alone (language
+modelling) a document per talk. A file read as plain text (txt, or a side of a parallel pair)
+whose first lines are XML/SGML markup is an error naming the format to use.
 A name that disagrees with the first bytes (gzip named .jsonl, parquet named .jsonl, .gz that is
 not gzip) is an error before anything is parsed. Text is UTF-8. Examples:
 
@@ -54,29 +58,40 @@ filter stage carves missing language-modelling splits from the end of train, in 
 
 `max_rows` keeps the first N rows of each split (files are parsed only as far as needed, except
 that both parallel files are counted to the end).
+
+Every format is streamed and raw/ is written in record batches, so memory does not grow with the
+files; a line or document longer than `max_record_chars` (default 16 Mi characters: a file
+without line breaks, a binary file) is an error naming the file and line.
 """
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, PositiveInt, Tag, field_validator
 
-from pipeline.sources.common import Split, parse_options, shown, write_raw
+from pipeline.progress import Progress
+from pipeline.sources.common import RawWriter, Split, parse_options
 from pipeline.sources.formats import (
-    GZIP_MAGIC, PARQUET_MAGIC, head_bytes, is_parquet, iter_delimited, iter_json, iter_jsonl, iter_lines,
-    iter_paragraphs, read_csv, read_parallel, read_parquet, read_text,
+    GZIP_MAGIC, PARQUET_MAGIC, cut, delimited_batches, head_bytes, is_parquet, iter_csv, iter_json, iter_jsonl,
+    iter_parallel, iter_parquet, line_batches, paragraph_batches, quote, read_text,
 )
 from pipeline.sources.http import sha256_file
+from pipeline.sources.markup import (
+    check_not_markup, tagged_documents, tagged_pairs, xml_documents, xml_pairs,
+)
 
 NAME = "local"
 task = None  # chosen by the `task` option; meta.json records it
 
-Format = Literal["parquet", "jsonl", "json", "csv", "txt"]
+Format = Literal["parquet", "jsonl", "json", "csv", "txt", "iwslt_xml", "iwslt_tags"]
 SUFFIXES: dict[str, Format] = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "json",
-                               ".csv": "csv", ".txt": "txt"}
+                               ".csv": "csv", ".txt": "txt", ".xml": "iwslt_xml"}
+IWSLT = ("iwslt_xml", "iwslt_tags")
+MAX_RECORD_CHARS = 16 << 20
 
 
 class Columns(BaseModel):
@@ -102,11 +117,14 @@ class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: Literal["summarization", "translation", "language_modeling"]
     paths: dict[Split, list[Entry]]  # a single path or pair is accepted and becomes a list
-    format: Literal["auto", "parquet", "jsonl", "json", "csv", "txt"] = "auto"
+    format: Literal["auto", "parquet", "jsonl", "json", "csv", "txt", "iwslt_xml", "iwslt_tags"] = "auto"
     columns: Columns = Columns()
     documents: Literal["paragraph", "line", "file", "separator"] = "paragraph"  # txt only
     separator: str | None = None  # with documents: separator
     max_rows: PositiveInt | None = None  # keep the first N rows of each split
+    # A longer line or document is an error, not a silent multi-GB read (a file with no line
+    # breaks, a binary file named .txt).
+    max_record_chars: PositiveInt = MAX_RECORD_CHARS
 
     @field_validator("paths", mode="before")
     @classmethod
@@ -116,32 +134,86 @@ class Options(BaseModel):
         return value
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:  # noqa: ARG001 (no cache)
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:  # noqa: ARG001 (no cache)
     opts = parse_options(Options, options, NAME)
     _check(opts)
-    splits, records = {}, []
+    with ThreadPoolExecutor(1) as hasher:  # checksums on the second core while the first parses
+        return _fetch(opts, RawWriter(out_dir, {"source": NAME, "task": opts.task}), hasher)
+
+
+def _fetch(opts: Options, raw: RawWriter, hasher: ThreadPoolExecutor) -> dict:
+    records = []
     for split, entry in opts.paths.items():
         key = f"data.{NAME}.paths.{split}"
-        rows: dict[str, list[str]] = {"source": [], "target": []}
-        for item in _expand(entry, opts, key):
-            left = None if opts.max_rows is None else opts.max_rows - len(rows["target"])
-            if left == 0:
-                break
-            if isinstance(item, tuple):
-                gz = tuple(_kind(p, "lines", opts.format != "auto")[1] for p in item)
-                sources, targets = read_parallel(*item, max_rows=left, gz=gz)
-            else:
-                sources, targets = _read(item, opts, left)
-            rows["source"] += sources
-            rows["target"] += targets
-            for p in item if isinstance(item, tuple) else (item,):
-                records.append({"split": split, "path": str(p), "sha256": sha256_file(p),
-                                "bytes": p.stat().st_size})
-        if not rows["target"]:
-            raise ValueError(f"{key}: no rows found in {[_show(e) for e in entry]}")
-        splits[split] = rows
-    write_raw(out_dir, splits, {"source": NAME, "task": opts.task, "files": records,
-                                "options": opts.model_dump()})
+        items = _expand(entry, opts, key)
+        files = [p for item in items for p in (item if isinstance(item, tuple) else (item,))]
+        total = sum(p.stat().st_size for p in files)
+        with raw.split(split) as rows, Progress(f"reading {split}", total=total, unit="B") as progress:
+            for item in items:
+                left = None if opts.max_rows is None else opts.max_rows - rows.count
+                if left == 0:
+                    break
+                for p in item if isinstance(item, tuple) else (item,):
+                    records.append({"split": split, "path": str(p), "sha256": hasher.submit(sha256_file, p),
+                                    "bytes": p.stat().st_size})
+                batches = _batches(item, opts, progress, left)
+                for sources, targets in batches:
+                    if left is not None and len(targets) >= left:
+                        sources, targets = sources and sources[:left], targets[:left]
+                    rows.extend_strings(sources, targets)
+                    left = None if left is None else left - len(targets)
+                    if left == 0:
+                        break
+                if isinstance(item, tuple):
+                    for _ in batches:  # both files to the end: a line missing anywhere is an error
+                        pass
+            if not rows.count:
+                raise ValueError(f"{key}: no rows found in {[_show(e) for e in entry]}")
+    for record in records:
+        record["sha256"] = record["sha256"].result()
+    # The default limit is left out of meta.json so raw/ of existing studies stays byte-identical.
+    default = {"max_record_chars"} if opts.max_record_chars == MAX_RECORD_CHARS else set()
+    return raw.finish(files=records, options=opts.model_dump(exclude=default))
+
+
+Batch = tuple[list[str] | None, list[str]]  # (sources, or None for all "", targets)
+
+
+def _batches(item: Path | tuple[Path, Path], opts: Options, progress: Progress,
+             max_rows: int | None) -> Iterator[Batch]:
+    """The rows of one file or pair, streamed as lists of checked strings (tabular files are
+    parsed no further than max_rows records; text at most a chunk further)."""
+    limit = opts.max_record_chars
+    if isinstance(item, tuple):
+        fmt = _pair_format(item, opts)
+        gz = tuple(_kind(p, "lines" if fmt == "lines" else fmt, opts.format != "auto")[1] for p in item)
+        if fmt == "lines":
+            for p, z in zip(item, gz):
+                check_not_markup(p, z, "parallel text (one sentence a line)")
+            pairs = iter_parallel(*item, gz=gz, limit=limit, progress=progress)
+        else:
+            pairs = (xml_pairs if fmt == "iwslt_xml" else tagged_pairs)(*item, gz, limit, progress)
+        return _batched(pairs)
+    return _read(item, opts, progress, max_rows)
+
+
+def _batched(pairs: Iterator[tuple[str, str]], n: int = 4096) -> Iterator[Batch]:
+    while batch := list(itertools.islice(pairs, n)):
+        sources, targets = zip(*batch)
+        yield list(sources), list(targets)
+
+
+def _pair_format(item: tuple[Path, Path], opts: Options) -> str:
+    """"lines", or an IWSLT format when `format` says so or both names do."""
+    if opts.format in IWSLT:
+        return opts.format
+    named = {_named_format(p)[0] for p in item}
+    if opts.format == "auto" and len(named) == 1 and named <= set(IWSLT):
+        return named.pop()
+    if opts.format == "auto" and named & set(IWSLT):
+        raise ValueError(f"{item[0]} and {item[1]}: one is named as an IWSLT file and the other "
+                         f"is not; set data.{NAME}.format")
+    return "lines"
 
 
 def _check(opts: Options) -> None:
@@ -198,6 +270,8 @@ def _named_format(path: Path) -> tuple[Format | None, bool]:
     """The format the name says (the suffix under a .gz) and whether it says gzip."""
     name = path.name.lower()
     gz = name.endswith(".gz")
+    if name.startswith("train.tags."):  # IWSLT training text: train.tags.en-de.en
+        return "iwslt_tags", gz
     return SUFFIXES.get(Path(name[:-3] if gz else name).suffix), gz
 
 
@@ -215,7 +289,8 @@ def _kind(path: Path, fmt: str, explicit: bool) -> tuple[str, bool]:
     if fmt == "auto":
         fmt, named_gz = _named_format(path)
         if fmt is None:
-            raise ValueError(f"{path}: cannot tell the format from the suffix; set {fix}")
+            raise ValueError(f"{path}: cannot tell the format from the suffix; set {fix} "
+                             f"(one of {', '.join(Format.__args__)})")
     else:
         named_gz = path.name.lower().endswith(".gz")
     if not explicit and gz and not named_gz:
@@ -237,52 +312,84 @@ def _kind(path: Path, fmt: str, explicit: bool) -> tuple[str, bool]:
     return fmt, gz
 
 
-def _read(path: Path, opts: Options, max_rows: int | None) -> tuple[list[str], list[str]]:
+def _read(path: Path, opts: Options, progress: Progress, max_rows: int | None) -> Iterator[Batch]:
     fmt, gz = _kind(path, opts.format, opts.format != "auto")
     lm = opts.task == "language_modeling"
-    if fmt == "txt":
+    limit = opts.max_record_chars
+    if fmt in ("txt", *IWSLT):
         if not lm:
+            if fmt in IWSLT:
+                raise ValueError(f"{path}: an IWSLT file holds one language; for task "
+                                 f"{opts.task} name a {{source, target}} pair of them")
             raise ValueError(f"{path}: .txt files only work with task language_modeling "
                              f"(task is {opts.task}); use parquet, jsonl, json or csv with "
                              f"columns, or a {{source, target}} pair of line-aligned files")
-        docs = list(itertools.islice(_documents(path, gz, opts), max_rows))
-        return [""] * len(docs), docs
+        if fmt == "txt":
+            check_not_markup(path, gz, "plain text")
+        return ((None, docs) for docs in _documents(path, gz, fmt, opts, progress))
     wanted = list(dict.fromkeys([opts.columns.target] if lm
                                 else [opts.columns.source, opts.columns.target]))
     if fmt == "parquet":
-        table = read_parquet(path, wanted, max_rows)
+        batches = iter_parquet(path, wanted, max_rows, progress)
     elif fmt == "csv":
-        df = read_csv(path, max_rows, gz)
-        missing = [c for c in wanted if c not in df.columns]
-        if missing:
-            raise ValueError(f"{path}: no column {missing[0]!r} (columns: {', '.join(df.columns)})")
-        table = {c: df[c].tolist() for c in wanted}
+        batches = _csv_batches(path, gz, wanted, progress, max_rows)
     else:
-        records = (iter_jsonl if fmt == "jsonl" else iter_json)(path, gz)
-        table = {c: [] for c in wanted}
-        for i, rec in enumerate(itertools.islice(records, max_rows), 1):
-            for c in wanted:
-                table[c].append(_lookup(rec, c, path, i))
-    for c in wanted:
-        bad = next((i for i, v in enumerate(table[c]) if not isinstance(v, str)), None)
-        if bad is not None:
-            v = table[c][bad]
-            hint = (f"; pick a field with a dotted name, e.g. {c}.{next(iter(v))}"
-                    if isinstance(v, dict) and v else "")
-            raise ValueError(f"{path}: record {bad + 1} column {c!r} is {shown(v)}, not a string{hint}")
-    targets = table[opts.columns.target]
-    return ([""] * len(targets) if lm else table[opts.columns.source]), targets
+        records = itertools.islice((iter_jsonl if fmt == "jsonl" else iter_json)(path, gz, limit, progress),
+                                   max_rows)
+        batches = ({c: [_lookup(rec, c, path, i) for i, rec in chunk] for c in wanted}
+                   for chunk in _chunked(enumerate(records, 1)))
+    return _table_batches(batches, path, wanted, opts)
 
 
-def _documents(path: Path, gz: bool, opts: Options) -> Iterator[str]:
+def _chunked(items: Iterator, n: int = 4096) -> Iterator[list]:
+    while chunk := list(itertools.islice(items, n)):
+        yield chunk
+
+
+def _csv_batches(path: Path, gz: bool, wanted: list[str], progress: Progress, max_rows: int | None
+                 ) -> Iterator[dict[str, list]]:
+    for frame in iter_csv(path, max_rows, gz=gz, progress=progress):
+        missing = [c for c in wanted if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{path}: no column {missing[0]!r} (columns: {', '.join(frame.columns)})")
+        yield {c: frame[c].tolist() for c in wanted}
+
+
+def _table_batches(batches: Iterable[dict[str, list]], path: Path, wanted: list[str], opts: Options
+                   ) -> Iterator[Batch]:
+    """(sources, targets) of each batch of records; a value that is not a string names its row
+    (1-based)."""
+    lm = opts.task == "language_modeling"
+    n = 0
+    for batch in batches:
+        for c in wanted:
+            bad = next((i for i, v in enumerate(batch[c]) if not isinstance(v, str)), None)
+            if bad is not None:
+                v = batch[c][bad]
+                hint = (f"; pick a field with a dotted name, e.g. {c}.{next(iter(v))}"
+                        if isinstance(v, dict) and v else "")
+                raise ValueError(f"{path}: record {n + bad + 1} column {c!r} is {cut(repr(v))}, "
+                                 f"not a string{hint}")
+        targets = batch[opts.columns.target]
+        yield (None if lm else batch[opts.columns.source]), targets
+        n += len(targets)
+
+
+def _documents(path: Path, gz: bool, fmt: str, opts: Options, progress: Progress) -> Iterator[list[str]]:
+    """Lists of documents (a chunk's worth at a time for the big modes)."""
+    limit = opts.max_record_chars
+    if fmt == "iwslt_xml":
+        return _chunked(xml_documents(path, gz, limit, progress), 256)
+    if fmt == "iwslt_tags":
+        return _chunked(tagged_documents(path, gz, limit, progress), 256)
     if opts.documents == "separator":
-        return iter_delimited(path, opts.separator or "", gz=gz, errors="strict")
+        return delimited_batches(path, opts.separator or "", gz=gz, errors="strict", limit=limit,
+                                 progress=progress)
     if opts.documents == "line":
-        return iter_lines(path, gz)
+        return line_batches(path, gz, limit, progress)
     if opts.documents == "file":
-        return iter(d for d in [read_text(path, gz).strip()] if d)
-    return iter_paragraphs(path, gz)
-
+        return iter([d] for d in [read_text(path, gz, limit, progress).strip()] if d)
+    return paragraph_batches(path, gz, limit, progress)
 
 def _lookup(record: dict, key: str, path: Path, i: int) -> Any:
     """record[key]; a dotted key that is not a key walks nested objects ("translation.en")."""
@@ -292,7 +399,7 @@ def _lookup(record: dict, key: str, path: Path, i: int) -> Any:
     for depth, part in enumerate(key.split(".")):
         if not isinstance(value, dict) or part not in value:
             parent = ".".join(key.split(".")[:depth]) or "the record"
-            has = (f"{parent} has keys: {', '.join(map(str, value))}" if isinstance(value, dict)
+            has = (f"{parent} has keys: {cut(', '.join(map(str, value)))}" if isinstance(value, dict)
                    else f"{parent} is a {type(value).__name__}")
             raise ValueError(f"{path}: record {i} has no key {key!r} ({has})")
         value = value[part]

@@ -33,7 +33,7 @@ def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
             for split, file in opts.files.items()]
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:
     opts = parse_options(Options, options, NAME)
     files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
     src_lang, tgt_lang = opts.direction.split("-")
@@ -48,5 +48,5 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
                 raise ValueError(f"{path}: record {i + 1}: needs string fields 'en' and 'de'")
         splits[split] = {"source": [r[src_lang] for r in rows],
                          "target": [r[tgt_lang] for r in rows]}
-    write_raw(out_dir, splits, {"source": NAME, "task": task, "direction": opts.direction,
+    return write_raw(out_dir, splits, {"source": NAME, "task": task, "direction": opts.direction,
                                 "files": records, "options": opts.model_dump()})

@@ -89,7 +89,7 @@ def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
     return [needed_file(opts.base_url, opts.file, cache_dir)]  # one file for all three splits
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:
     opts = parse_options(Options, options, NAME)
     files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
     path, record = files.get(files.needed[0])
@@ -101,5 +101,5 @@ def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
         splits = split_contiguous(docs, opts.validation_fraction, opts.test_fraction)
     rows = {s: {"source": [""] * len(d[:opts.max_rows]), "target": d[:opts.max_rows]}
             for s, d in splits.items()}
-    write_raw(out_dir, rows, {"source": NAME, "task": task, "files": [record],
+    return write_raw(out_dir, rows, {"source": NAME, "task": task, "files": [record],
                                      "options": opts.model_dump(), "notes": notes})

@@ -11,13 +11,14 @@ the dataset without fetching the 2.2 GB train file.
 """
 from __future__ import annotations
 
-import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import Field, PositiveInt
 
-from pipeline.sources.common import NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, write_raw
-from pipeline.sources.formats import iter_delimited
+from pipeline.progress import Progress
+from pipeline.sources.common import NeededFile, RawWriter, RemoteFiles, RemoteOptions, Split, needed_file, parse_options
+from pipeline.sources.formats import delimited_batches
 
 NAME = "tinystories"
 task = "language_modeling"
@@ -40,25 +41,45 @@ def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
             for split, file in opts.files.items()]
 
 
-def fetch(options: dict, cache_dir: Path, out_dir: Path) -> None:
+def fetch(options: dict, cache_dir: Path, out_dir: Path) -> dict:
     opts = parse_options(Options, options, NAME)
     files = RemoteFiles(NAME, needed_files(opts, cache_dir), opts)
-    stories, records = {}, []
+    raw = RawWriter(out_dir, {"source": NAME, "task": task})
+    records = []
     for item in files.needed:
         split = item.split
         path, record = files.get(item)
         records.append({"split": split, **record})
         # a file exactly max_bytes long was (almost surely) cut mid-story
         cut = opts.max_bytes is not None and record["bytes"] == opts.max_bytes
-        stories[split] = list(itertools.islice(iter_delimited(path, SEPARATOR, drop_tail=cut),
-                                               opts.max_rows))
-    if "validation" in stories and "test" not in stories and opts.test_from_validation > 0:
-        val = stories["validation"]
-        n_test = round(len(val) * opts.test_from_validation)
-        if n_test < 1 or n_test == len(val):
-            raise ValueError(f"data.{NAME}.test_from_validation: cannot cut {len(val)} validation "
-                             f"stories into validation and test")
-        stories["validation"], stories["test"] = val[:-n_test], val[-n_test:]
-    splits = {s: {"source": [""] * len(docs), "target": docs} for s, docs in stories.items()}
-    write_raw(out_dir, splits, {"source": NAME, "task": task, "files": records,
-                                "options": opts.model_dump()})
+
+        def stories(what: str) -> Iterator[list[str]]:
+            """The file's stories (the first max_rows), a list at a time, streamed."""
+            with Progress(f"{what} {path.name}", total=record["bytes"], unit="B") as progress:
+                left = opts.max_rows
+                for batch in delimited_batches(path, SEPARATOR, drop_tail=cut, progress=progress):
+                    batch = batch if left is None else batch[:left]
+                    yield batch
+                    if left is not None:
+                        left -= len(batch)
+                        if not left:
+                            return
+
+        if split == "validation" and "test" not in opts.files and opts.test_from_validation > 0:
+            # The last fraction of the stories becomes test: count them first (a second pass
+            # over a file of some MB keeps memory bounded for any size).
+            n = sum(len(b) for b in stories("counting"))
+            n_test = round(n * opts.test_from_validation)
+            if n_test < 1 or n_test == n:
+                raise ValueError(f"data.{NAME}.test_from_validation: cannot cut {n} validation "
+                                 f"stories into validation and test")
+            with raw.split("validation") as val, raw.split("test") as test:
+                for batch in stories("reading"):
+                    keep = max(0, min(len(batch), n - n_test - val.count))
+                    val.extend_strings(None, batch[:keep])
+                    test.extend_strings(None, batch[keep:])
+            continue
+        with raw.split(split) as rows:
+            for batch in stories("reading"):
+                rows.extend_strings(None, batch)
+    return raw.finish(files=records, options=opts.model_dump())
