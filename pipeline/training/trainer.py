@@ -283,8 +283,9 @@ def compiled(model, device: torch.device, dynamic: bool):
 
     Seq2seq batches change shape every step (length buckets): `dynamic` compiles for symbolic
     batch and sequence sizes from the start, one compilation where a static first one would be
-    followed by a dynamic recompile. Language-model windows have one shape: static, as specialised
-    as inductor can make it.
+    followed by a dynamic recompile (torch still specialises a batch of one example, a bucket's
+    leftover: a second compilation). Language-model windows have one shape: static, as
+    specialised as inductor can make it.
     """
     if device.type == "cpu":
         try:
