@@ -69,6 +69,8 @@ def visible_gpus(env: dict | None = None) -> list[str]:
     entries = [e.strip() for e in mask.split(",")] if mask is not None else None
     fake = env.get("ABLATION_LAB_GPU_COUNT")
     if fake is not None:
+        if not fake.isdigit():
+            raise ValueError(f"$ABLATION_LAB_GPU_COUNT: {fake!r} is not a number of GPUs")
         machine = [str(i) for i in range(int(fake))]
         if entries is None:
             return machine
