@@ -3,6 +3,7 @@
 model_speed  our encoder-decoder step vs torch.nn.Transformer; written-out vs fused attention
 gpt_step     our decoder-only step vs a nanoGPT-style GPT at equal shape
 train_loop   what the training loop adds to the model's step, and whether data loading keeps up
+cpu_precision  bf16 autocast, fused AdamW and torch.compile on CPU against the float32 eager step
 gpu          `bash run.sh gpu`: the GPU tests, the 124M MFU benchmark and a preset on the GPU
 stage_times  wall time per DVC stage of a `dvc repro`
 """

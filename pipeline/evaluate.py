@@ -60,6 +60,7 @@ from pipeline.training import trainer
 from pipeline.training.batching import Split, collate, load_split, load_texts, read_manifest
 from pipeline.training.batching import lm_stream as training_stream
 from pipeline.training.device import choose_threads, resolve_device
+from pipeline.training.gpu_lock import claimed
 
 # (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
 ATTENTION_TOKENS = 64  # LM attention map: the first tokens of a validation document
@@ -405,6 +406,8 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
     metrics["outputs"] = output_stats(predictions)
     metrics["degenerate"] = flags(metrics["outputs"], len(predictions))
     metrics["normalization"] = manifest.get("normalization", "not recorded")
+    if device.type == "cuda" and claimed():  # which GPU of the machine, and why (gpu_lock)
+        metrics["gpu"] = claimed().record()
     if manifest.get("unigram_val_loss") is not None:  # the plateau the report reads val_loss against
         metrics["unigram_val_loss"] = manifest["unigram_val_loss"]
     # Last, so an uncapped eval.json reads as before up to here.

@@ -143,7 +143,10 @@ class TrainParams(Section):
     log_every: int = Field(20, gt=0)
     checkpoint_every: int = Field(200, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
-    compile: bool = False  # torch.compile on CUDA
+    compile: bool = False  # torch.compile (inductor) of the training step, on CUDA or CPU (needs a C++ compiler)
+    # bf16 autocast or float32. auto: bf16 on CUDA, fp32 on CPU (bit-identical to earlier CPU
+    # results). bf16 on CPU also takes the fused AdamW kernel (pipeline.training.optim says why).
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     threads: int = Field(0, ge=0)  # CPU threads for torch; 0 = auto: the cores free when the stage starts
 
     @model_validator(mode="after")

@@ -43,6 +43,8 @@ def write(tmp_path: Path, text: str) -> Path:
     ("filter:\n  max_source_tokenz: 3\n", "filter.max_source_tokenz"),
     ("train:\n  lr: -1\n", "train.lr"),
     ("train:\n  schedule: wavy\n", "train.schedule"),
+    ("train:\n  precision: fp16\n", "train.precision"),
+    ("train:\n  compile: maybe\n", "train.compile"),
     ("ablations:\n  x: {optim: {lr: 1}}\n", "ablations.x"),
 ])
 def test_bad_params_name_the_key(tmp_path, text, where):

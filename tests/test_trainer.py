@@ -354,3 +354,47 @@ def test_a_run_too_short_to_checkpoint_still_creates_its_checkpoint_directory(ti
     ckpt = tmp_path / "ckpt"
     run(tiny_shards / "shards", "v", 0, resolved(budget_steps=3, checkpoint_every=100), "x", tmp_path / "out", ckpt)
     assert ckpt.is_dir() and not list(ckpt.glob("step-*.pt"))
+
+
+
+
+@pytest.mark.slow
+def test_compiled_bf16_training_on_cpu_matches_eager_in_two_compilations(tiny_shards, tmp_path):
+    """train.compile and train.precision: bf16 on CPU: torch.compile (inductor) over length-bucketed
+    batches of changing shape compiles at most twice (symbolic shapes, plus batches of one example,
+    which torch specialises), breaks no graph, and trains as eager bf16 does, to bf16's precision."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    shards, model = tiny_shards / "shards", {"dropout": 0.0}  # compiled dropout draws other masks than eager
+    manifest = read_manifest(shards)
+    data = trainer.Data(manifest["task"], load_split(shards, manifest, "train"), None,
+                        {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}, tiny_train()["batch_tokens"], 1, 2, 0)
+    assert len({tuple(t.shape) for idx in data.epoch(0) for t in data.batch(idx)}) > 8  # shapes vary
+
+    eager = run(shards, "v", 0, resolved(model, precision="bf16"), "x", tmp_path / "eager", tmp_path / "c-eager")
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled = run(shards, "v", 0, resolved(model, precision="bf16", compile=True), "x", tmp_path / "compiled",
+                       tmp_path / "c-compiled")
+        assert 1 <= counters["stats"]["unique_graphs"] <= 2 and counters["frames"]["ok"] <= 2
+        assert not counters["graph_break"]
+    finally:
+        torch._dynamo.reset()
+    info = json.loads((tmp_path / "compiled" / "train.json").read_text())
+    assert (info["precision"], info["compile"], info["fused_adamw"], info["gpu"]) == ("bf16", True, True, None)
+    assert eager["steps"] == compiled["steps"] > 10
+    curves = [np.loadtxt(tmp_path / run_dir / "train_curve.csv", delimiter=",", skiprows=1)[:, 2]
+              for run_dir in ("eager", "compiled")]
+    np.testing.assert_allclose(curves[1], curves[0], rtol=1e-2)  # bf16 keeps 8 bits of mantissa
+    assert compiled["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-2)
+
+
+def test_the_default_precision_on_cpu_is_fp32_and_bf16_changes_the_numbers(tiny_shards, tmp_path):
+    shards = tiny_shards / "shards"
+    fp32 = run(shards, "v", 0, resolved(budget_tokens=600), "x", tmp_path / "a", tmp_path / "ca")
+    assert (fp32["precision"], fp32["compile"], fp32["fused_adamw"]) == ("fp32", False, False)
+    bf16 = run(shards, "v", 0, resolved(budget_tokens=600, precision="bf16"), "x", tmp_path / "b", tmp_path / "cb")
+    assert bf16["precision"] == "bf16" and bf16["train_loss"] != fp32["train_loss"]  # autocast ran
+    assert bf16["train_loss"] == pytest.approx(fp32["train_loss"], rel=2e-2)

@@ -4,5 +4,6 @@ trainer     the loop every variant runs: fixed budgets, evaluation, checkpoints,
 batching    deterministic batches: length-bucketed seq2seq, packed LM windows, shard reading
 optim       AdamW with decay on matrices only, and the learning-rate schedules
 checkpoint  resumable checkpoints, written atomically, valid for one config and code hash
-device      CPU/GPU choice, threads, autocast, peak FLOP/s for MFU, and the DDP process group
+device      CPU/GPU choice, threads, precision and autocast, peak FLOP/s for MFU, and the DDP process group
+gpu_lock    one GPU per process on a multi-GPU machine: the first free one, under a file lock
 """

@@ -1,5 +1,8 @@
-"""Device choice and the per-device settings of training (autocast, TF32, peak FLOP/s for MFU), and
-the process group when the stage runs under `torchrun`.
+"""Device choice and the per-device settings of training (precision, autocast, TF32, peak FLOP/s
+for MFU), and the process group when the stage runs under `torchrun`.
+
+A process that wants a GPU takes one of the visible GPUs under a lock (gpu_lock), unless torchrun
+placed it (LOCAL_RANK decides).
 
 Distributed runs are data-parallel only (DistributedDataParallel): NCCL between GPUs, Gloo on CPU.
 The collectives used by the loop are few and fixed (loss and NaN flag at logging points, per-rank
@@ -20,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.params import default_cache_dir
+from pipeline.training.gpu_lock import Claim, claim_gpu, torchrun_claim, torchrun_rank
 
 # Dense bf16 peak FLOP/s by GPU name, from the vendors' data sheets (no sparsity). The first key
 # found in the device name wins, so the PCIe/NVL boards come before the SXM default.
@@ -46,11 +50,25 @@ def resolve_device(choice: str, cluster: Cluster = Cluster()) -> torch.device:
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(choice)
     if device.type == "cuda":
-        if cluster.world > 1:
-            device = torch.device("cuda", cluster.local_rank)  # one GPU per process
+        device = torch.device("cuda", gpu_for(cluster).index)  # one GPU per process
+        torch.cuda.set_device(device)  # what a bare "cuda" means in this process from now on
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return device
+
+
+def gpu_for(cluster: Cluster) -> Claim:
+    """torchrun's rank placement if started by torchrun, else a free GPU taken under a lock."""
+    rank = cluster.local_rank if cluster.world > 1 else torchrun_rank()
+    return claim_gpu() if rank is None else torchrun_claim(rank)
+
+
+def resolve_precision(choice: str, device: torch.device) -> str:
+    """train.precision: `auto` is bf16 (autocast) on CUDA and fp32 on CPU, so the default CPU
+    results stay bit-identical; `bf16` on CPU runs CPU autocast, `fp32` on CUDA turns autocast off."""
+    if choice == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return choice
 
 
 def join_cluster(choice: str) -> Cluster:
@@ -111,8 +129,9 @@ def check_replicas_identical(model: torch.nn.Module) -> None:
 
 
 def autocast(device: torch.device, enabled: bool):
-    if enabled and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """bf16 autocast on `device` (CUDA or CPU) when enabled; parameters and optimizer stay float32."""
+    if enabled:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

@@ -26,8 +26,10 @@ import torch
 
 from pipeline.training import checkpoint
 from pipeline.training.batching import Split, collate, lm_batches, lm_collate, lm_stream, seq2seq_batches
-from pipeline.training.device import Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device
-from pipeline.training.optim import make_optimizer, make_scheduler
+from pipeline.training.device import (Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device,
+                                      resolve_precision)
+from pipeline.training.gpu_lock import claimed
+from pipeline.training.optim import make_optimizer, make_scheduler, uses_fused
 
 
 class NonFiniteLoss(RuntimeError):
@@ -140,13 +142,14 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
           cluster: Cluster = Cluster()) -> dict:
     """Train `model` to the budget in `cfg` (the `train` section); return the final metrics."""
     device = resolve_device(cfg["device"], cluster)
-    use_autocast = device.type == "cuda"  # bf16 on GPU; float32 on CPU
+    precision = resolve_precision(cfg["precision"], device)
+    use_autocast = precision == "bf16"
     log = log if cluster.main else _silent
     for seed_fn in (random.seed, np.random.seed, torch.manual_seed):
         seed_fn(data.seed + cluster.rank)  # ranks draw different dropout masks
     model.to(device)
     optimizer = make_optimizer(model, cfg["lr"], cfg["betas"], cfg["eps"], cfg["weight_decay"], device,
-                               cfg["decay_embeddings"])
+                               cfg["decay_embeddings"], precision)
     per_step = cfg["grad_accum"] * cluster.world
     total_steps, budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"], per_step)
     scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"])
@@ -174,11 +177,14 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         # inside forward would deadlock the unevenly sharded evaluation.
         ddp = step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                    forward_sync_buffers=False)
-    if cfg["compile"] and device.type == "cuda":
-        step_model = torch.compile(ddp)
-    eval_model = model if cluster.world > 1 else step_model
+    if cfg["compile"]:
+        step_model = compiled(ddp, device, dynamic=not data.lm)
+    # Validation runs eager: compiled, no_grad and eval mode are a second graph to compile (a
+    # minute on CPU) for a pass that runs once every eval_every steps.
+    eval_model = model
     log(f"training {total_steps} steps, {budget_tokens} target tokens, on {device}"
-        + (f" x {cluster.world} ranks" if cluster.world > 1 else ""))
+        + (f" x {cluster.world} ranks" if cluster.world > 1 else "")
+        + f", {precision}" + (", compiled" if cfg["compile"] else ""))
     loss_sum = torch.tensor(mine["loss_acc"][0], device=device)
     loss_tokens, pad = mine["loss_acc"][1], list(mine["pad"])
     started = time.perf_counter() - s["elapsed"]
@@ -269,8 +275,31 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         "padding_ratio": pad[0] / pad[1] if pad[1] else 0.0,
         "processed_tokens_per_s": (pad[1] - pad[0]) / max(wall, 1e-9),  # source + target, no pad, all ranks
         "device": str(device), "world_size": cluster.world, "resumed": resumed is not None,
+        "gpu": claimed().record() if device.type == "cuda" and claimed() else None,
+        "precision": precision, "compile": cfg["compile"], "fused_adamw": uses_fused(device, precision),
         "train_rows": s["train_rows"], "val_rows": s["val_rows"],
     }
+
+
+def compiled(model, device: torch.device, dynamic: bool):
+    """torch.compile (inductor) of the training step, on CUDA or CPU.
+
+    Seq2seq batches change shape every step (length buckets): `dynamic` compiles for symbolic
+    batch and sequence sizes from the start, one compilation where a static first one would be
+    followed by a dynamic recompile (torch still specialises a batch of one example, a bucket's
+    leftover: a second compilation). Language-model windows have one shape: static, as
+    specialised as inductor can make it.
+    """
+    if device.type == "cpu":
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()
+        except Exception as exc:  # noqa: BLE001 - whatever torch says, the fix is the same
+            raise ValueError(f"train.compile: torch.compile on CPU needs a C++ compiler (g++ or clang++, or $CXX) "
+                             f"and found none ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                             "install one or set train.compile: false") from None
+    return torch.compile(model, dynamic=dynamic or None)
 
 
 def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -1,0 +1,161 @@
+"""One GPU per process: concurrent processes never share a GPU, a killed holder frees its GPU,
+torchrun's ranks are left alone, CUDA_VISIBLE_DEVICES is respected. No GPU needed: the number of
+GPUs and the lock folder are injected ($ABLATION_LAB_GPU_COUNT, $ABLATION_LAB_GPU_LOCKS)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from pipeline.training import gpu_lock
+from pipeline.training.device import Cluster, resolve_device
+from pipeline.training.gpu_lock import claim_gpu, visible_gpus
+
+# fork: the children start in milliseconds (a fresh interpreter importing torch takes seconds on a
+# busy 2-core machine) and use nothing of torch.
+FORK = mp.get_context("fork")
+
+
+@pytest.fixture(autouse=True)
+def fake_gpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("ABLATION_LAB_GPU_LOCKS", str(tmp_path / "locks"))
+    monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "4")
+    for name in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    yield tmp_path / "locks"
+    gpu_lock.release()
+
+
+def _hold(barrier, results, hold_s: float) -> None:
+    barrier.wait()
+    lines = []
+    claim = claim_gpu(poll_s=0.02, log=lines.append)
+    acquired = time.time()
+    time.sleep(hold_s)
+    results.put({"id": claim.id, "index": claim.index, "acquired": acquired, "released": time.time(),
+                 "waited_s": claim.waited_s, "log": lines})
+    # exits holding the lock: the kernel releases it, after the `released` stamp
+
+
+def test_eight_processes_on_four_gpus_never_share_one_and_the_extra_four_wait(fake_gpus):
+    hold_s = 1.0
+    barrier, results = FORK.Barrier(8), FORK.Queue()
+    procs = [FORK.Process(target=_hold, args=(barrier, results, hold_s)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(timeout=10)
+        assert p.exitcode == 0
+    by_gpu = {}
+    for r in got:
+        by_gpu.setdefault(r["id"], []).append((r["acquired"], r["released"]))
+        assert r["index"] == int(r["id"])  # no mask: cuda:i is GPU i
+    assert sorted(by_gpu) == ["0", "1", "2", "3"] and all(len(v) == 2 for v in by_gpu.values())
+    for spans in by_gpu.values():
+        (a0, r0), (a1, r1) = sorted(spans)
+        assert r0 <= a1, "two processes held one GPU at the same time"
+    waited = [r for r in got if r["waited_s"] >= hold_s / 2]
+    assert len(waited) == 4  # the four that found every GPU taken
+    for r in waited:
+        assert "all 4 visible GPUs are taken" in r["log"][0] and "waiting" in r["log"][0]
+        assert "waited" in r["log"][-1]
+    assert {p.name for p in fake_gpus.iterdir()} == {f"gpu-{i}.lock" for i in range(4)}
+
+
+def _claim_and_sleep(ready) -> None:
+    claim_gpu(poll_s=0.02, log=lambda _: None)
+    ready.set()
+    time.sleep(60)
+
+
+def _claim_and_report(results, forget_parents_claim: bool = False) -> None:
+    if forget_parents_claim:
+        gpu_lock._held.clear()  # a fork copies the parent's claim; this child is another process
+    lines = []
+    claim = claim_gpu(poll_s=0.02, log=lines.append)
+    results.put({"id": claim.id, "acquired": time.time(), "log": lines})
+
+
+def test_a_sigkilled_holder_frees_its_gpu(monkeypatch):
+    monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
+    ready, results = FORK.Event(), FORK.Queue()
+    holder = FORK.Process(target=_claim_and_sleep, args=(ready,))
+    holder.start()
+    assert ready.wait(10)
+    waiter = FORK.Process(target=_claim_and_report, args=(results,))
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive()  # waiting: the only GPU is held
+    os.kill(holder.pid, signal.SIGKILL)
+    killed = time.time()
+    got = results.get(timeout=10)  # no cleanup ran in the killed process: the kernel dropped its lock
+    waiter.join(timeout=10)
+    holder.join(timeout=10)
+    assert got["id"] == "0" and got["acquired"] >= killed
+    assert f"pid {holder.pid}" in got["log"][0]  # the waiting message names the holder
+
+
+def test_torchrun_ranks_take_local_rank_and_no_lock(fake_gpus, monkeypatch, pretend_cuda):
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node 1 sets both too
+    assert resolve_device("auto") == torch.device("cuda", 3)
+    assert gpu_lock.claimed().lock is None and "LOCAL_RANK" in gpu_lock.claimed().why
+    assert resolve_device("cuda", Cluster(rank=1, world=2, local_rank=1)) == torch.device("cuda", 1)
+    assert not fake_gpus.exists()  # no lock folder, no lock file
+
+
+def test_resolve_device_takes_the_first_free_gpu(fake_gpus, pretend_cuda):
+    ready = FORK.Event()
+    holder = FORK.Process(target=_claim_and_sleep, args=(ready,))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        assert resolve_device("auto") == torch.device("cuda", 1)  # GPU 0 is the holder's
+        assert resolve_device("auto") == torch.device("cuda", 1)  # one claim per process
+        claim = gpu_lock.claimed()
+        assert claim.id == "1" and claim.lock == str(fake_gpus / "gpu-1.lock") and "first free of 4" in claim.why
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(timeout=10)
+
+
+def test_cuda_visible_devices_are_the_candidates(fake_gpus, monkeypatch):
+    monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "8")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert visible_gpus() == ["2", "5"]
+    first = claim_gpu(log=lambda _: None)
+    assert (first.index, first.id) == (0, "2") and "CUDA_VISIBLE_DEVICES=2,5" in first.why
+    results = FORK.Queue()
+    child = FORK.Process(target=_claim_and_report, args=(results, True))
+    child.start()
+    assert results.get(timeout=10)["id"] == "5"  # the other visible one, as cuda:1
+    child.join(timeout=10)
+    assert {p.name for p in fake_gpus.iterdir()} == {"gpu-2.lock", "gpu-5.lock"}
+
+
+@pytest.mark.parametrize(("mask", "expected"), [(None, ["0", "1", "2", "3"]), ("", []), ("3,1", ["3", "1"]),
+                                                ("1,9,2", ["1"]), ("GPU-abc", [])])
+def test_the_mask_is_read_as_cuda_reads_it(monkeypatch, mask, expected):
+    env = {"ABLATION_LAB_GPU_COUNT": "4", **({"CUDA_VISIBLE_DEVICES": mask} if mask is not None else {})}
+    assert visible_gpus(env) == expected  # CUDA stops at the first entry that names no GPU
+
+
+def test_no_visible_gpu_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ValueError, match=r"^train.device: a GPU was requested but none is visible"):
+        claim_gpu()
+
+
+@pytest.fixture
+def pretend_cuda(monkeypatch):
+    """resolve_device on a machine with CUDA, as far as the choice of device goes."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # set by resolve_device
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
