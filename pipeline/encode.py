@@ -48,7 +48,8 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
     """Write one split's shards; add its target token counts (one eos a row) to `counts`."""
     files, examples, src_tokens, tgt_tokens, truncated = [], 0, 0, 0, 0
     writer, in_shard = None, 0
-    source = pq.ParquetFile(parquet, buffer_size=1 << 20)  # a column chunk read piece by piece
+    # Column chunks read piece by piece (by default Arrow reads a whole row group's chunk at once).
+    source = pq.ParquetFile(parquet, buffer_size=1 << 20, pre_buffer=False)
     for batch in source.iter_batches(batch_size=min(shard_examples, 4096), columns=["source", "target"]):
         src_text, tgt_text = (batch.column(name).cast(pa.large_string()) for name in ("source", "target"))
         # Encoded in THREADS threads; the ids go straight to Arrow arrays (no Python loop over tokens).

@@ -393,8 +393,9 @@ def parquet_reader(path: Path) -> tuple[Reader, int, int]:
     batch_rows = max(1, min(1 << 16, BATCH_BYTES * rows // max(size, 1)))
 
     def batches() -> Iterator[pa.RecordBatch]:
-        # buffer_size: a column chunk is read piece by piece (unbuffered, it is read whole).
-        with pq.ParquetFile(path, buffer_size=1 << 20) as file:
+        # A column chunk read piece by piece: by default (pre_buffer, or no buffer_size) Arrow reads
+        # it whole, and a file written as one row group is then held whole.
+        with pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False) as file:
             yield from file.iter_batches(batch_size=batch_rows, columns=["source", "target"])
     return batches, rows, size
 
@@ -469,4 +470,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run from the imported module, not __main__: the counting processes are handed its functions
+    # by name, and `python -m` (or a profiler) would name them after __main__.
+    from pipeline.filter import main as run
+
+    run()

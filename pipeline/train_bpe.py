@@ -49,7 +49,7 @@ def corpus_lines(train_parquet: Path) -> Iterator[str]:
 
     Read a record batch at a time: SentencePiece keeps its own sample of `input_sentence_size`
     sentences (a reservoir sample, with shuffle_input_sentence), so the stage never holds more."""
-    with pq.ParquetFile(train_parquet, buffer_size=1 << 20) as file:
+    with pq.ParquetFile(train_parquet, buffer_size=1 << 20, pre_buffer=False) as file:  # streamed
         rows = file.metadata.num_rows
         with Progress("train_bpe: reading sentences", total=2 * rows, unit="rows") as progress:
             for column in ("source", "target"):
