@@ -20,6 +20,7 @@ import io
 import itertools
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,13 +53,19 @@ def corpus_lines(train_parquet: Path) -> Iterator[str]:
     with pq.ParquetFile(train_parquet, buffer_size=1 << 20, pre_buffer=False) as file:  # streamed
         rows = file.metadata.num_rows
         with Progress("train_bpe: reading sentences", total=2 * rows, unit="rows") as progress:
+            n = 0
             for column in ("source", "target"):
                 for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=[column]):
                     for text in batch.column(0).to_pylist():
                         for line in str(text).split(NEWLINE):
                             if line.strip():
+                                n += 1
                                 yield line
                     progress.update(batch.num_rows)
+            if progress.now() - progress.start >= progress.every_s:  # a long read: say what comes next
+                # (SentencePiece's training reports nothing at this log level)
+                print(f"train_bpe: {n:,} sentences read; SentencePiece trains on its sample of them",
+                      file=sys.stderr, flush=True)
 
 
 def train_tokenizer(train_parquet: Path, out_dir: Path, cfg: TrainBpeParams) -> None:
