@@ -1,5 +1,6 @@
-"""The filter stage streams: what it computes batch by batch equals what it computed on the whole
-corpus (percentiles, subsample draws, carved splits in permuted order), however it is cut up."""
+"""The data stages stream: what filter computes batch by batch equals what it computed on the whole
+corpus (percentiles, subsample draws, carved splits in permuted order), however it is cut up; and
+train_bpe reads every line whatever the row groups and batches."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,3 +56,18 @@ def test_shuffled_carve_keeps_the_permuted_order_when_train_spills_to_buckets(mo
     for split in flt.SPLITS:
         assert pd.read_parquet(tmp_path / "out" / f"{split}.parquet").equals(whole[split])
     assert not (tmp_path / "out" / ".carve").exists()
+
+
+def test_train_bpe_reads_every_line_batch_by_batch(monkeypatch, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import pipeline.train_bpe as train_bpe
+
+    frame = pd.DataFrame({"source": [f"a {i}\n\nb {i}" if i % 3 else "" for i in range(50)],
+                          "target": [f"t {i}\n " for i in range(50)]})
+    pq.write_table(pa.Table.from_pandas(frame), tmp_path / "train.parquet", row_group_size=7)
+    monkeypatch.setattr(train_bpe, "BATCH_ROWS", 4)
+    expected = [line for column in ("source", "target") for text in frame[column]
+                for line in text.split("\n") if line.strip()]
+    assert list(train_bpe.corpus_lines(tmp_path / "train.parquet")) == expected
