@@ -50,16 +50,12 @@ WORKERS = 2  # processes counting pre-tokens, the stage's CPU-bound part (one pe
 # The schema pandas gave these files (its metadata included): small outputs stay byte-identical.
 SCHEMA = pa.Schema.from_pandas(pd.DataFrame({"source": [""], "target": [""]}), preserve_index=False)
 
-Reader = Callable[[], Iterable[pa.RecordBatch]]  # one split's rows batch by batch; callable again
-                                                 # for the second pass
+# One split's rows, batch by batch; called again for the second pass.
+Reader = Callable[[], Iterable[pa.RecordBatch]]
 
 
 def count_tokens(text: str) -> int:
     return len(_PRETOKEN.findall(text))
-
-
-def length_counter(unit: str):
-    return len if unit == "chars" else count_tokens
 
 
 class Histogram:
@@ -340,7 +336,8 @@ def run_filter(readers: dict[str, Reader], cfg: FilterParams, task: str | None, 
     if "train" not in readers:
         raise ValueError("no train split")
     rng = np.random.default_rng(cfg.seed)
-    # Worker processes only where there is enough to count; forked, so they start at once.
+    # Pre-tokens are counted in `workers` processes (forked: they start at once); characters are
+    # counted by Arrow, which needs none.
     pool = multiprocessing.Pool(workers) if workers > 1 and cfg.length_unit == "pretokens" else None
     try:
         with Progress("filter: counting lengths", total=rows, unit="rows") as progress:
