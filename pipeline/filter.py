@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import os
 import re
 import shutil
 import tempfile
@@ -46,7 +47,9 @@ SPLITS = ("train", "validation", "test")
 _PRETOKEN = re.compile(r"\w+|[^\w\s]")
 BATCH_BYTES = 4 << 20  # text per record batch read
 ROW_GROUP_BYTES = 64 << 20  # text per row group written, and per bucket of the shuffled carve
-WORKERS = 2  # processes counting pre-tokens, the stage's CPU-bound part (one per core)
+# Processes counting pre-tokens, the stage's CPU-bound part: one per core, up to the 2 cores this
+# project targets (the reading process feeds them too).
+WORKERS = max(1, min(2, os.cpu_count() or 1))
 # The schema pandas gave these files (its metadata included): small outputs stay byte-identical.
 SCHEMA = pa.Schema.from_pandas(pd.DataFrame({"source": [""], "target": [""]}), preserve_index=False)
 
