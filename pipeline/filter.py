@@ -160,16 +160,20 @@ class ParquetSink:
         if self.bytes >= ROW_GROUP_BYTES:
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, whole: bool = False) -> None:
+        table = pa.concat_tables(self.parts or [SCHEMA.empty_table()])
+        if whole:  # the file is this one row group: one chunk, as pandas wrote it, gives the same bytes
+            table = table.combine_chunks()
+        self.parts, self.bytes = [], 0
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.path, SCHEMA)
-        # One chunk, as a frame written by pandas: the same pages, so the same bytes.
-        self.writer.write_table(pa.concat_tables(self.parts or [SCHEMA.empty_table()]).combine_chunks())
-        self.parts, self.bytes = [], 0
+        self.writer.write_table(table)
+        del table
+        pa.default_memory_pool().release_unused()  # give the row group's buffers back to the OS
 
     def close(self) -> None:
         if self.parts or self.writer is None:
-            self._flush()
+            self._flush(whole=self.writer is None)
         self.writer.close()
 
 
