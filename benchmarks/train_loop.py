@@ -42,15 +42,11 @@ def build_shards(base: Path, n_examples: int, vocab: int) -> Path:
     """raw -> filtered -> tokenizer -> shards, exactly as the pipeline (and tests/conftest.py) do."""
     from pipeline.download import write_synthetic
     from pipeline.encode import encode
-    from pipeline.filter import filter_splits, read_raw
+    from pipeline.filter import filter_files
     from pipeline.train_bpe import train_tokenizer
 
     write_synthetic(base / "raw", n_examples=n_examples, seed=7)
-    kept, _ = filter_splits(read_raw(base / "raw"), FilterParams(max_source_tokens=128, max_target_tokens=48))
-    (base / "filtered").mkdir()
-    for split, frame in kept.items():
-        frame.to_parquet(base / "filtered" / f"{split}.parquet", index=False)
-    shutil.copy(base / "raw" / "meta.json", base / "filtered" / "meta.json")
+    filter_files(base / "raw", base / "filtered", FilterParams(max_source_tokens=128, max_target_tokens=48))
     train_tokenizer(base / "filtered" / "train.parquet", base / "tokenizer", TrainBpeParams(vocab_size=vocab))
     encode(base / "filtered", base / "tokenizer", base / "shards", shard_examples=1000)
     return base / "shards"

@@ -21,38 +21,44 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from pipeline.atomic import atomic_path
 from pipeline.params import ParamsError, load_params, stage_error
+from pipeline.progress import Progress
 from pipeline.train_bpe import describe_normalization, file_sha256, load_tokenizer
 
 SPLITS = ("train", "validation", "test")
+THREADS = os.cpu_count() or 1  # SentencePiece encodes a batch in this many threads (a stage runs alone)
+IDS = pa.list_(pa.int32())
 SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32())),
                     ("src_text", pa.large_string()), ("tgt_text", pa.large_string())])
 
 
 def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, split: str,
                  shard_examples: int, max_source_tokens: int | None = None,
-                 counts: np.ndarray | None = None) -> dict:
+                 counts: np.ndarray | None = None, progress: Progress | None = None) -> dict:
     """Write one split's shards; add its target token counts (one eos a row) to `counts`."""
     files, examples, src_tokens, tgt_tokens, truncated = [], 0, 0, 0, 0
     writer, in_shard = None, 0
-    source = pq.ParquetFile(parquet)
+    # Column chunks read piece by piece (by default Arrow reads a whole row group's chunk at once).
+    source = pq.ParquetFile(parquet, buffer_size=1 << 20, pre_buffer=False)
     for batch in source.iter_batches(batch_size=min(shard_examples, 4096), columns=["source", "target"]):
-        src_text, tgt_text = batch.column("source").to_pylist(), batch.column("target").to_pylist()
-        src, tgt = sp.encode(src_text), sp.encode(tgt_text)
+        src_text, tgt_text = (batch.column(name).cast(pa.large_string()) for name in ("source", "target"))
+        # Encoded in THREADS threads; the ids go straight to Arrow arrays (no Python loop over tokens).
+        src, tgt = (pa.array(sp.encode(text.to_pylist(), num_threads=THREADS), IDS) for text in (src_text, tgt_text))
         if max_source_tokens is not None:
-            truncated += sum(len(ids) > max_source_tokens for ids in src)
-            src = [ids[:max_source_tokens] for ids in src]
-        if counts is not None and tgt:
-            counts += np.bincount(np.fromiter((t for ids in tgt for t in ids), dtype=np.int64),
-                                  minlength=len(counts))
+            truncated += int(np.count_nonzero(pc.list_value_length(src).to_numpy() > max_source_tokens))
+            src = pc.list_slice(src, 0, max_source_tokens)
+        if counts is not None and len(tgt):
+            counts += np.bincount(tgt.flatten().to_numpy(), minlength=len(counts))
             counts[sp.eos_id()] += len(tgt)
         start = 0
         while start < len(src):
@@ -62,18 +68,18 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
                 files.append(name)
                 in_shard = 0
             take = min(shard_examples - in_shard, len(src) - start)
-            rows = slice(start, start + take)
-            writer.write_table(pa.table({"src_ids": src[rows], "tgt_ids": tgt[rows],
-                                         "src_text": src_text[rows], "tgt_text": tgt_text[rows]},
-                                        schema=SCHEMA))
-            src_tokens += sum(map(len, src[start:start + take]))
-            tgt_tokens += sum(map(len, tgt[start:start + take]))
+            rows = [column.slice(start, take) for column in (src, tgt, src_text, tgt_text)]
+            writer.write_table(pa.Table.from_arrays(rows, schema=SCHEMA))
+            src_tokens += len(rows[0].flatten())
+            tgt_tokens += len(rows[1].flatten())
             examples += take
             in_shard += take
             start += take
             if in_shard == shard_examples:
                 writer.close()
                 writer = None
+        if progress is not None:
+            progress.update(batch.num_rows)
     if writer is not None:
         writer.close()
     return {"files": files, "examples": examples, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
@@ -107,11 +113,13 @@ def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int,
     }
     # Target token counts of the two splits the plateau needs (test is not counted).
     counts = {split: np.zeros(sp.get_piece_size(), dtype=np.int64) for split in ("train", "validation")}
-    with atomic_path(out) as tmp:
+    rows = sum(pq.ParquetFile(data_dir / f"{split}.parquet").metadata.num_rows for split in SPLITS)
+    with atomic_path(out) as tmp, Progress("encode", total=rows, unit="rows") as progress:
         tmp.mkdir(parents=True)
         for split in SPLITS:
             manifest["splits"][split] = encode_split(data_dir / f"{split}.parquet", sp, tmp, split,
-                                                      shard_examples, max_source_tokens, counts.get(split))
+                                                      shard_examples, max_source_tokens, counts.get(split),
+                                                      progress)
         manifest["unigram_val_loss"] = unigram_loss(counts["train"], counts["validation"])
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

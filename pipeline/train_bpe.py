@@ -20,17 +20,20 @@ import io
 import itertools
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
+import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from pipeline.atomic import atomic_path
 from pipeline.params import ParamsError, TrainBpeParams, load_params, stage_error
+from pipeline.progress import Progress
 
 
 NEWLINE = "\n"
+BATCH_ROWS = 4096  # texts read at a time
 # What the tokenizer does to text before splitting it; written to tokenizer.json for the report.
 NORMALIZATION = {
     "rule": "identity",  # no NFKC: the dataset's characters are the model's characters
@@ -42,14 +45,27 @@ NORMALIZATION = {
 
 
 def corpus_lines(train_parquet: Path) -> Iterator[str]:
-    """Training sentences: every non-empty line of sources and targets. SentencePiece learns
-    pieces within a line; the newline itself is the user-defined newline token."""
-    frame = pd.read_parquet(train_parquet)
-    for column in ("source", "target"):
-        for text in frame[column]:
-            for line in str(text).split(NEWLINE):
-                if line.strip():
-                    yield line
+    """Training sentences: every non-empty line of sources, then of targets. SentencePiece learns
+    pieces within a line; the newline itself is the user-defined newline token.
+
+    Read a record batch at a time: SentencePiece keeps its own sample of `input_sentence_size`
+    sentences (a reservoir sample, with shuffle_input_sentence), so the stage never holds more."""
+    with pq.ParquetFile(train_parquet, buffer_size=1 << 20, pre_buffer=False) as file:  # streamed
+        rows = file.metadata.num_rows
+        with Progress("train_bpe: reading sentences", total=2 * rows, unit="rows") as progress:
+            n = 0
+            for column in ("source", "target"):
+                for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=[column]):
+                    for text in batch.column(0).to_pylist():
+                        for line in str(text).split(NEWLINE):
+                            if line.strip():
+                                n += 1
+                                yield line
+                    progress.update(batch.num_rows)
+            if progress.now() - progress.start >= progress.every_s:  # a long read: say what comes next
+                # (SentencePiece's training reports nothing at this log level)
+                print(f"train_bpe: {n:,} sentences read; SentencePiece trains on its sample of them",
+                      file=sys.stderr, flush=True)
 
 
 def train_tokenizer(train_parquet: Path, out_dir: Path, cfg: TrainBpeParams) -> None:

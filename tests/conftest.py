@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 
 from pipeline.download import write_synthetic
 from pipeline.encode import encode
-from pipeline.filter import filter_splits, read_raw
+from pipeline.filter import filter_files
 from pipeline.params import FilterParams, TrainBpeParams
 from pipeline.train_bpe import train_tokenizer
 
@@ -53,11 +52,7 @@ def tiny_shards(tmp_path_factory) -> Path:
     """raw -> filtered -> tokenizer -> shards for 300 synthetic examples (built once per session)."""
     base = tmp_path_factory.mktemp("tiny")
     write_synthetic(base / "raw", n_examples=300, seed=7)
-    kept, _ = filter_splits(read_raw(base / "raw"), FilterParams(max_source_tokens=100, max_target_tokens=40))
-    (base / "filtered").mkdir()
-    for split, frame in kept.items():
-        frame.to_parquet(base / "filtered" / f"{split}.parquet", index=False)
-    shutil.copy(base / "raw" / "meta.json", base / "filtered" / "meta.json")
+    filter_files(base / "raw", base / "filtered", FilterParams(max_source_tokens=100, max_target_tokens=40))
     train_tokenizer(base / "filtered" / "train.parquet", base / "tokenizer", TrainBpeParams(vocab_size=150))
     encode(base / "filtered", base / "tokenizer", base / "shards", shard_examples=100)
     return base
