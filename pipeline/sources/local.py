@@ -74,7 +74,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, PositiveInt, Tag, field_validator
 
 from pipeline.progress import Progress
-from pipeline.sources.common import RawWriter, Split, parse_options
+from pipeline.sources.common import RawWriter, Split, parse_options, shown
 from pipeline.sources.formats import (
     GZIP_MAGIC, PARQUET_MAGIC, cut, delimited_batches, head_bytes, is_parquet, iter_csv, iter_json, iter_jsonl,
     iter_parallel, iter_parquet, line_batches, paragraph_batches, quote, read_text,
@@ -368,7 +368,7 @@ def _table_batches(batches: Iterable[dict[str, list]], path: Path, wanted: list[
                 v = batch[c][bad]
                 hint = (f"; pick a field with a dotted name, e.g. {c}.{next(iter(v))}"
                         if isinstance(v, dict) and v else "")
-                raise ValueError(f"{path}: record {n + bad + 1} column {c!r} is {cut(repr(v))}, "
+                raise ValueError(f"{path}: record {n + bad + 1} column {c!r} is {shown(v)}, "
                                  f"not a string{hint}")
         targets = batch[opts.columns.target]
         yield (None if lm else batch[opts.columns.source]), targets
