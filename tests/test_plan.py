@@ -5,7 +5,6 @@ which the report stage writes from each run's train.json)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
