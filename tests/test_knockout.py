@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from model import build_model
 from model.knockout import plan
@@ -19,7 +20,8 @@ from pipeline.reporting.knockout import counterpart_variants, knockout_blocks, s
 from pipeline.reporting.render import Figure, Table, to_markdown
 from pipeline.training.batching import load_split, read_manifest
 from tests.test_evaluate_lm import lm_shards, make_model, save_run  # noqa: F401 - lm_shards is a fixture
-from tests.tiny_project import ROOT, copy_project, ran_stages, sh, write_params, tiny_params
+from tests.test_layout import check_stage_deps, loaded_files
+from tests.tiny_project import ROOT, copy_project, ran_stages, record_imports, sh, tiny_params, write_params
 
 EVAL = EvaluateParams(max_new_tokens=8, batch_size=8)
 
@@ -98,7 +100,8 @@ def synthetic(seeds=(0, 1, 2)):
         records = [{"name": f"head.decoder.{a}.L{layer}.H{h}", "mode": "zero", "kind": "head", "knocks": 1,
                     "stack": "decoder", "attn": a, "layer": layer, "head": h, "delta_val_loss": 0.1 * h + layer}
                    for a in ("self", "cross") for layer in range(2) for h in range(2)]
-        records += [{"name": n, "mode": "zero", "kind": "x", "knocks": 2, "delta_val_loss": v[i]} for n, v in TEST_DELTA.items()]
+        records += [{"name": n, "mode": "zero", "kind": "head" if n == "heads_but_one" else "ffn",
+                     "knocks": 6 if n == "heads_but_one" else 1, "delta_val_loss": v[i]} for n, v in TEST_DELTA.items()]
         knockouts[s] = {"base": {"val_loss": 1.0}, "knockouts": records, "metrics": ["val_loss"], "wall_s": 2.0,
                         "modes": ["zero"], "n_loss_tokens": 100, "mean_examples": 4}
     return runs, knockouts
@@ -143,8 +146,11 @@ def test_knockout_stage_through_dvc(tiny_repo, tmp_path):
     env = copy_project(tiny_repo, tmp_path / "p")
     project = tmp_path / "p"
     write_params(project, tiny_params(seeds=[0], knockout={"seeds": [0], "max_examples": 2, "mean_examples": 4}))
-    log = sh(["dvc", "repro"], project, {**env, "ABLATION_LAB_TRACKING": "0"}).stdout
+    imports = tmp_path / "imports"
+    log = sh(["dvc", "repro"], project, {**env, "ABLATION_LAB_TRACKING": "0", **record_imports(imports)}).stdout
     assert ran_stages(log) == {"check_params", "knockout@0", "report"}
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["knockout"]
+    check_stage_deps("knockout", stage, loaded_files(imports)["knockout"], project)
     assert (project / "data/eval/knockout/baseline-0/knockout.json").is_file()
     report = (project / "reports" / "report.md").read_text()
     assert "## Knock-outs: what the trained baseline uses" in report and "positional encoding" in report

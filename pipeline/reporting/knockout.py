@@ -81,7 +81,7 @@ def head_grids(knockouts: Mapping[int, dict]) -> dict[tuple[str, str], np.ndarra
     by_key = deltas(knockouts)
     cells: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
     for (name, mode), record in records(knockouts).items():
-        if record.get("kind") == "head" and (name, mode) in by_key:
+        if record.get("kind") == "head" and record.get("knocks") == 1 and (name, mode) in by_key:
             values = list(by_key[(name, mode)].values())
             cells.setdefault((mode, f"{record['stack']}.{record['attn']}"), {})[
                 (int(record["layer"]), int(record["head"]))] = float(np.mean(values))
