@@ -99,15 +99,18 @@ def check(cfg: ModelConfig, knock: Knock) -> None:
         raise ValueError(f"head {knock.head}: the model has n_heads={cfg.n_heads} (heads 0..{cfg.n_heads - 1})")
 
 
-def plan(cfg: ModelConfig, parts: Sequence[str] = PARTS, attentions: Sequence[str] | None = None,
+def plan(cfg: ModelConfig, parts: Sequence[str] | None = None, attentions: Sequence[str] | None = None,
          heads: Sequence[int] | None = None,
          modes: Sequence[str] = MODES) -> list[tuple[str, str, tuple[Knock, ...]]]:
     """(name, mode, knocks) for every knock-out of `parts`, one at a time, in each mode.
 
-    attentions/heads restrict the heads and attention sublayers (None: all the model has). A name
-    the model has no part for is a ValueError starting with the argument's name. Combinations with
-    no meaning (mean-ablation of RoPE) are left out.
+    parts None: every part the model has; attentions/heads restrict the heads and attention
+    sublayers (None: all the model has). A name the model has no part for is a ValueError starting
+    with the argument's name. Combinations with no meaning (mean-ablation of RoPE) are left out.
     """
+    if parts is None:
+        lacks = {"positional": cfg.positional == "none" and not cfg.relative_bias, "residual": not cfg.residual}
+        parts = [p for p in PARTS if not lacks.get(p)]
     for part in parts:
         if part not in PARTS:
             raise ValueError(f"parts: {part!r} is not one of {', '.join(PARTS)}")

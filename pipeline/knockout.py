@@ -10,8 +10,8 @@ mean), it measures val_loss and, for seq2seq tasks, the task metric, next to the
 the un-knocked model on the same tokens: the Δ is what the trained model loses without the part.
 
 Kept cheap, so it can be on in the default study:
-- val_loss on the first `knockout.max_loss_tokens` validation target tokens (the same tokens for
-  every knock-out), not the whole split; the task metric on the first `knockout.max_examples`
+- val_loss on the first validation examples holding `knockout.max_loss_tokens` target tokens
+  (LM: exactly that many tokens; the same tokens for every knock-out), not the whole split; the task metric on the first `knockout.max_examples`
   test examples, decoded as the evaluate stage decodes (greedy by default).
 - The model is loaded once and the knock-outs are hooks (model.knockout), no copies.
 - Means for mean-ablation: over the tokens of the first `knockout.mean_examples` training

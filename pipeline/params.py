@@ -191,8 +191,8 @@ class KnockoutParams(Section):
     # knocking parts out of that seed's trained report.baseline run (no retraining).
     seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = []
     modes: list[Literal["zero", "mean"]] = ["zero", "mean"]  # zero: output set to 0; mean: to its held-out mean
-    parts: list[Literal["heads", "attention", "ffn", "positional", "residual"]] = [
-        "heads", "attention", "ffn", "positional", "residual"]
+    # What to knock out; None: every part the baseline has (heads, attention, ffn, positional, residual).
+    parts: list[Literal["heads", "attention", "ffn", "positional", "residual"]] | None = None
     attentions: list[Literal["self", "cross"]] | None = None  # heads/attention knocked in; None: all the model has
     heads: list[Annotated[int, Field(ge=0)]] | None = None  # head indices knocked one at a time; None: all
     max_loss_tokens: int = Field(8192, gt=0)  # validation target tokens each knock-out's val_loss is measured on

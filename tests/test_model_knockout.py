@@ -117,6 +117,7 @@ def test_plan_counts_and_counterparts():
     assert set(COUNTERPARTS) <= set(names)
     (_, _, but_one), = [p for p in plan(cfg, modes=["zero"]) if p[0] == "heads_but_one"]
     assert len(but_one) == 3 * 2 * 3 and all(k.head != 0 for k in but_one)
+    assert "positional" not in {n for n, _, _ in plan(_model(positional="none").cfg)}  # parts=None: what it has
     rope = _model(positional="rope").cfg
     assert ("positional", "mean") not in {(n, m) for n, m, _ in plan(rope)}  # no mean rotation
 
