@@ -85,6 +85,16 @@ def test_check_params_names_the_knockout_key_the_baseline_lacks(tmp_path, knocko
         check(load_params(tmp_path / "params.yaml"), tmp_path)
 
 
+def test_check_params_stage_exits_with_one_line_naming_the_key(tmp_path):
+    from pipeline.check_params import main
+    text = (ROOT / "params.yaml").read_text().replace("knockout:\n  seeds: []\n", "knockout: {seeds: [0], heads: [9]}\n")
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(SystemExit) as info:
+        main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "checked")])
+    assert str(info.value.code).startswith("check_params: knockout.heads: head 9 is beyond")
+    assert "\n" not in str(info.value.code) and not (tmp_path / "checked").exists()
+
+
 # -- the report's section on synthetic numbers --------------------------------------------------
 ABLATIONS = {"baseline": {}, "no_positional": {"model": {"positional": "none"}},
              "single_head": {"model": {"n_heads": 1}}, "decoder_only": {"model": {"arch": "decoder_only"}}}
