@@ -11,8 +11,11 @@ the un-knocked model on the same tokens: the Δ is what the trained model loses 
 
 Kept cheap, so it can be on in the default study:
 - val_loss on the first validation examples holding `knockout.max_loss_tokens` target tokens
-  (LM: exactly that many tokens; the same tokens for every knock-out), not the whole split; the task metric on the first `knockout.max_examples`
-  test examples, decoded as the evaluate stage decodes (greedy by default).
+  (LM: exactly that many; the same tokens for every knock-out), not the whole split. A paired Δ
+  on the same tokens needs far fewer of them than a loss of its own.
+- The task metric (seq2seq) on the first `knockout.max_examples` test examples, decoded as the
+  evaluate stage decodes, for the un-knocked model and the counterparts of train-time ablations
+  only: decoding every knock-out would cost more than evaluating every run of the study.
 - The model is loaded once and the knock-outs are hooks (model.knockout), no copies.
 - Means for mean-ablation: over the tokens of the first `knockout.mean_examples` training
   examples (LM: as many context windows), fed one unpadded row at a time, so padding never enters.
@@ -33,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model.knockout import knockout, plan, record_means
+from model.knockout import COUNTERPARTS, knockout, plan, record_means
 from pipeline.atomic import atomic_path
 from pipeline.evaluate import decode, load_model, lm_stream, read_object, run_settings
 from pipeline.params import EvaluateParams, KnockoutParams, ParamsError, load_params, stage_error
@@ -120,9 +123,9 @@ def run_knockouts(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: 
         sp = load_tokenizer(tokenizer)
         decode_cfg = eval_cfg.model_copy(update={"max_examples": cfg.max_examples})
 
-    def measure() -> dict:
+    def measure(with_metric: bool = True) -> dict:
         result = {"val_loss": val_loss(model, batches, device)}
-        if scored:
+        if scored and with_metric:
             _, references, predictions = decode(model, test, texts, ids, decode_cfg, sp, device)
             result.update(task_metrics(task, references, predictions))
         return result
@@ -133,7 +136,7 @@ def run_knockouts(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: 
         progress.update()
         for name, mode, knocks in knockouts:
             with knockout(model, *knocks, means=means):
-                result = measure()
+                result = measure(with_metric=name in COUNTERPARTS)
             records.append({"name": name, "mode": mode, "kind": knocks[0].kind, "knocks": len(knocks),
                             **(where(knocks[0]) if len(knocks) == 1 else {}), **result,
                             **{f"delta_{k}": v - base[k] for k, v in result.items()}})

@@ -210,7 +210,7 @@ def knockout_blocks(knockouts: Mapping[int, dict], runs, seeds: Sequence[int], b
                          "residual.all: every layer's; positional: every stack's positions; heads_but_one: "
                          "every head but head 0 in every attention.",
                          f"val_loss on the first {first.get('n_loss_tokens', MISSING)} validation target tokens"
-                         + (f", {metric} on the first {first.get('n_examples', MISSING)} test examples" if metric else "")
+                         + (f", {metric} on the first {first.get('n_examples', MISSING)} test examples (counterparts only)" if metric else "")
                          + ", the same for the un-knocked model."]))
     rows = side_by_side(knockouts, runs, seeds, baseline, ablations)
     if rows:
