@@ -144,7 +144,7 @@ def test_knockout_section_renders_heatmap_tables_and_sentences(tmp_path):
     sublayer, pairs = tables
     assert [r[0] for r in sublayer.rows] == list(TEST_DELTA)  # heads are in the heatmap, not the table
     reading = {r[0]: r[-1] for r in pairs.rows}
-    assert reading["positional encoding"].startswith("positional encoding: removing it after training (zero-ablation) costs more")
+    assert reading["positional encoding"].startswith("positional encoding: removing after training (zero-ablation) costs more")
     assert "a significant difference" in reading["positional encoding"]
     assert "not significant at 5% after Holm" in reading["every head but one"]
     text = to_markdown("r", blocks)

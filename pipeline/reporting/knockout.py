@@ -113,7 +113,8 @@ def plot_head_grids(grids: Mapping[tuple[str, str], np.ndarray], path: Path) -> 
             im = ax.imshow(grid, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
             for (i, h), v in np.ndenumerate(grid):
                 if not math.isnan(v):
-                    ax.text(h, i, f"{v:.2g}", ha="center", va="center", fontsize=7)
+                    ax.text(h, i, f"{v:.2g}", ha="center", va="center", fontsize=7,
+                            color="white" if abs(v) > 0.6 * vmax else "black")  # readable on dark cells
             ax.set_xticks(range(grid.shape[1]))
             ax.set_yticks(range(grid.shape[0]))
             ax.set_xlabel("head")
@@ -165,7 +166,7 @@ def sentence(row: dict) -> str:
     part, train, test, diff = PART_NAMES[row["part"]], row["train"].mean, row["test"].mean, row["diff"]
     if train is None or test is None:
         return f"{part}: no seed has both numbers"
-    larger = "training without it" if train > test else f"removing it after training ({row['mode']}-ablation)"
+    larger = "training without" if train > test else f"removing after training ({row['mode']}-ablation)"
     head = f"{part}: {larger} costs more (Δ {fmt(max(train, test), 3)} vs {fmt(min(train, test), 3)})"
     p = row.get("p_holm")
     if p is None:
