@@ -195,7 +195,7 @@ class KnockoutParams(Section):
     parts: list[Literal["heads", "attention", "ffn", "positional", "residual"]] | None = None
     attentions: list[Literal["self", "cross"]] | None = None  # heads/attention knocked in; None: all the model has
     heads: list[Annotated[int, Field(ge=0)]] | None = None  # head indices knocked one at a time; None: all
-    max_loss_tokens: int = Field(2048, gt=0)  # validation target tokens each knock-out's val_loss is measured on
+    max_loss_tokens: int = Field(1024, gt=0)  # validation target tokens each knock-out's val_loss is measured on
     # Test examples decoded for the task metric (seq2seq), for the counterparts of train-time ablations only; 0: none.
     max_examples: int = Field(32, ge=0)
     mean_examples: int = Field(32, gt=0)  # training examples whose activations give the mean-ablation means
