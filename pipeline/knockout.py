@@ -145,6 +145,8 @@ def run_knockouts(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: 
                "metrics": list(base), "n_loss_tokens": n_tokens, "n_examples": len(test.tgt) if scored else 0,
                "mean_examples": cfg.mean_examples, "modes": list(cfg.modes),
                "n_heads": model.cfg.n_heads, "layers": {s: n for s, n in _layers(model).items()},
+               # The model switch each counterpart knock-out matches, for the report's side-by-side table.
+               "counterparts": {name: list(switch) for name, switch in COUNTERPARTS.items()},
                "base": base, "knockouts": records, "wall_s": time.perf_counter() - start}
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from model import build_model
-from model.knockout import plan
+from model.knockout import COUNTERPARTS, plan
 from pipeline.check_params import check
 from pipeline.evaluate import lm_metrics, split_loss
 from pipeline.knockout import run_knockouts
@@ -114,6 +114,7 @@ def synthetic(seeds=(0, 1, 2)):
         records += [{"name": n, "mode": "zero", "kind": "head" if n == "heads_but_one" else "ffn",
                      "knocks": 6 if n == "heads_but_one" else 1, "delta_val_loss": v[i]} for n, v in TEST_DELTA.items()]
         knockouts[s] = {"base": {"val_loss": 1.0}, "knockouts": records, "metrics": ["val_loss"], "wall_s": 2.0,
+                        "counterparts": {k: list(v) for k, v in COUNTERPARTS.items()},
                         "modes": ["zero"], "n_loss_tokens": 100, "mean_examples": 4}
     return runs, knockouts
 
@@ -121,7 +122,8 @@ def synthetic(seeds=(0, 1, 2)):
 def test_side_by_side_pairs_train_and_test_deltas_by_seed_with_holm():
     from scipy import stats
     runs, knockouts = synthetic()
-    assert counterpart_variants(ABLATIONS, "baseline") == {"heads_but_one": "single_head", "positional": "no_positional"}
+    assert counterpart_variants(COUNTERPARTS, ABLATIONS, "baseline") == {"heads_but_one": "single_head",
+                                                                         "positional": "no_positional"}
     rows = {r["part"]: r for r in side_by_side(knockouts, runs, [0, 1, 2], "baseline", ABLATIONS)}
     train = [v - b for v, b in zip(TRAIN_VAL["no_positional"], TRAIN_VAL["baseline"])]
     pos = rows["positional"]

@@ -15,6 +15,10 @@ from tests.tiny_project import ROOT, copy_project, sh
 PACKAGES = ("model", "pipeline", "scripts", "benchmarks")
 # A room a stage loads only part of by design: download imports the one source data.source names.
 PICKED_BY_PARAMS = {"pipeline/sources"}
+# Files of a room that only some of its stages load. model/knockout.py (evaluation-time hooks) is in
+# the model room as the one place for pure torch, so editing it also reruns the training stages,
+# whose `model` dep covers it: a known cost, paid only when the knock-out code changes.
+LOADED_BY_SOME = {"model/knockout.py"}
 
 
 def module_files() -> dict[str, Path]:
@@ -138,7 +142,7 @@ def check_stage_deps(name: str, stage: dict, loaded: set[str], project: Path) ->
     assert covered == files, f"{name}: runs {sorted(files - covered)}, not in its deps"
     for dep in deps:
         if (ROOT / dep).is_dir():
-            room = {str(p.relative_to(ROOT)) for p in (ROOT / dep).rglob("*.py") if has_code(p)}
+            room = {str(p.relative_to(ROOT)) for p in (ROOT / dep).rglob("*.py") if has_code(p)} - LOADED_BY_SOME
             used = room & files
             assert used, f"{name}: depends on {dep}/ and loads nothing from it"
             if dep not in PICKED_BY_PARAMS:

@@ -6,8 +6,8 @@ exists. Three parts:
   mean over seeds;
 - the sublayer knock-outs (attention, FFN, positions, skip connections, all heads but one) with
   mean ± 95% t-interval over seeds (pipeline.reporting.stats, as every interval of the report);
-- the side-by-side table: for each train-time ablation with a test-time counterpart (model.knockout
-  COUNTERPARTS), Δ val_loss when trained without the part (eval.json, variant − baseline, paired by
+- the side-by-side table: for each train-time ablation with a test-time counterpart (the model
+  switch each counterpart knock-out matches is in knockout.json), Δ val_loss when trained without the part (eval.json, variant − baseline, paired by
   seed) against Δ val_loss when it is removed after training (knocked − un-knocked baseline), and
   the paired t-test of their difference over seeds, Holm-corrected over the table's rows.
 """
@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure as MplFigure
 
-from model.knockout import COUNTERPARTS
 from pipeline.reporting.inputs import ReportInputError, number, read_json, values_by_seed
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
 from pipeline.reporting.stats import ALPHA, holm, paired_delta, summarize
@@ -32,7 +31,7 @@ ATTENTION_TYPES = ("encoder.self", "decoder.self", "decoder.cross")
 # encoding" with an added relative bias removes that too (the tiny_shakespeare presets).
 COUNTERPART_EXTRAS = {"positional": {"relative_bias": False}}
 PART_NAMES = {"heads_but_one": "every head but one", "positional": "positional encoding",
-              "residual.all": "residual connections"}
+              "residual.all": "residual connections"}  # other counterparts are shown by their name
 
 
 def load_knockouts(evals_dir: Path, baseline: str, seeds: Sequence[int]) -> dict[int, dict]:
@@ -124,11 +123,13 @@ def plot_head_grids(grids: Mapping[tuple[str, str], np.ndarray], path: Path) -> 
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
 
 
-def counterpart_variants(ablations: Mapping[str, Mapping | None], baseline: str) -> dict[str, str]:
+def counterpart_variants(counterparts: Mapping[str, Sequence], ablations: Mapping[str, Mapping | None],
+                         baseline: str) -> dict[str, str]:
     """knock-out name -> the train-time variant that removes the same part: its overrides set the
-    counterpart's model switch (and nothing else but COUNTERPART_EXTRAS), train untouched."""
+    counterpart's model switch `counterparts[name]` = (key, value) (and nothing else but
+    COUNTERPART_EXTRAS), train untouched."""
     out = {}
-    for name, (key, value) in COUNTERPARTS.items():
+    for name, (key, value) in counterparts.items():
         allowed = {key: value, **COUNTERPART_EXTRAS.get(key, {})}
         for variant, overrides in ablations.items():
             overrides = overrides or {}
@@ -145,7 +146,8 @@ def side_by_side(knockouts: Mapping[int, dict], runs, seeds: Sequence[int], base
     by_key = deltas(knockouts)
     base = values_by_seed(runs, baseline, seeds, "eval", "val_loss")
     rows = []
-    for name, variant in counterpart_variants(ablations, baseline).items():
+    counterparts = next(iter(knockouts.values())).get("counterparts") or {}
+    for name, variant in counterpart_variants(counterparts, ablations, baseline).items():
         trained = values_by_seed(runs, variant, seeds, "eval", "val_loss")
         train_delta = {s: trained[s] - base[s] for s in trained if s in base}
         for mode in ("zero", "mean"):
@@ -163,7 +165,7 @@ def side_by_side(knockouts: Mapping[int, dict], runs, seeds: Sequence[int], base
 
 def sentence(row: dict) -> str:
     """Which Δ is larger, and whether their difference is significant after Holm."""
-    part, train, test, diff = PART_NAMES[row["part"]], row["train"].mean, row["test"].mean, row["diff"]
+    part, train, test, diff = PART_NAMES.get(row["part"], row["part"]), row["train"].mean, row["test"].mean, row["diff"]
     if train is None or test is None:
         return f"{part}: no seed has both numbers"
     larger = "training without" if train > test else f"removing after training ({row['mode']}-ablation)"
@@ -219,7 +221,7 @@ def knockout_blocks(knockouts: Mapping[int, dict], runs, seeds: Sequence[int], b
             ["part removed", "trained without (variant)", "Δ val_loss trained without", "mode",
              "Δ val_loss removed after training", "difference (trained − removed)", "p (paired t)", "p (Holm)",
              "reading"],
-            [[PART_NAMES[r["part"]], r["variant"], fmt_summary(r["train"]), r["mode"], fmt_summary(r["test"]),
+            [[PART_NAMES.get(r["part"], r["part"]), r["variant"], fmt_summary(r["train"]), r["mode"], fmt_summary(r["test"]),
               fmt_summary_delta(r["diff"]), fmt_p(r["diff"].p_value), fmt_p(r.get("p_holm")), sentence(r)]
              for r in rows],
             "Two kinds of ablation side by side: trained without the part vs removed from the trained baseline",
