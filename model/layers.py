@@ -72,13 +72,17 @@ class Sublayer(nn.Module):
         self.norm = make_norm(cfg)
         self.dropout = make_dropout(cfg.dropout)
         self.pre, self.residual = cfg.norm_position == "pre", cfg.residual
+        # What the skip connection adds instead of x; None (always, except inside
+        # model.knockout.knockout) adds x itself. A hook cannot reach it: post-norm's sum is inside the norm.
+        self.skip: Callable[[Tensor], Tensor] | None = None
 
     def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        skip = x if self.skip is None else self.skip(x)
         if self.pre:
             y = dropout(self.dropout, fn(self.norm(x)))
-            return x + y if self.residual else y
+            return skip + y if self.residual else y
         y = dropout(self.dropout, fn(x))
-        return self.norm(x + y if self.residual else y)
+        return self.norm(skip + y if self.residual else y)
 
 
 @dataclass

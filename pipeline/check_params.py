@@ -38,6 +38,7 @@ def check(params: Params, local_root: Path) -> None:
     model_config({**model_fields(), **params.model}, tokenizer, "model")
     for variant, settings in merged.items():
         model_config(settings["model"], tokenizer, f"ablations.{variant}")
+    check_knockout(params, merged[params.report.baseline]["model"], tokenizer)
     for scale in params.scales:  # every variant is trained at every scale
         model_config(resolve_variant(params, params.report.baseline, scale)["model"], tokenizer, f"scales.{scale}")
         for variant in params.ablations:
@@ -74,6 +75,19 @@ def check_loss_cap(params: Params) -> None:
         if cap < context:
             raise ParamsError(f"evaluate.max_loss_tokens: {cap:,} is below one evaluation window of {name} "
                               f"(train.context {context:,} tokens); raise it or leave it unset")
+
+
+def check_knockout(params: Params, baseline_model: dict, tokenizer: dict) -> None:
+    """The knockout section names only parts the baseline has (checked even while it is off, so
+    turning it on cannot fail on a typo made earlier)."""
+    from model.knockout import plan
+
+    k = params.knockout
+    cfg = model_config(baseline_model, tokenizer, f"ablations.{params.report.baseline}")
+    try:
+        plan(cfg, k.parts, k.attentions, k.heads, k.modes)
+    except ValueError as exc:  # its message starts with the argument, which is the key's name
+        raise ParamsError(f"knockout.{exc} (the baseline, ablations.{params.report.baseline})") from None
 
 
 def main(argv: list[str] | None = None) -> None:

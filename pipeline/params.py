@@ -210,6 +210,22 @@ class ReportParams(Section):
     primary_metric: str | None = None
 
 
+class KnockoutParams(Section):
+    """Parts knocked out of the trained baseline at evaluation time (stage `knockout`, model.knockout)."""
+    # Off while empty: dvc.yaml lays out one `knockout@<seed>` stage per seed listed here, each
+    # knocking parts out of that seed's trained report.baseline run (no retraining).
+    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = []
+    modes: list[Literal["zero", "mean"]] = ["zero", "mean"]  # zero: output set to 0; mean: to its held-out mean
+    # What to knock out; None: every part the baseline has (heads, attention, ffn, positional, residual).
+    parts: list[Literal["heads", "attention", "ffn", "positional", "residual"]] | None = None
+    attentions: list[Literal["self", "cross"]] | None = None  # heads/attention knocked in; None: all the model has
+    heads: list[Annotated[int, Field(ge=0)]] | None = None  # head indices knocked one at a time; None: all
+    max_loss_tokens: int = Field(1024, gt=0)  # validation target tokens each knock-out's val_loss is measured on
+    # Test examples decoded for the task metric (seq2seq), for the counterparts of train-time ablations only; 0: none.
+    max_examples: int = Field(32, ge=0)
+    mean_examples: int = Field(32, gt=0)  # training examples whose activations give the mean-ablation means
+
+
 class Params(Section):
     data: DataParams = DataParams()
     filter: FilterParams = FilterParams()
@@ -228,6 +244,7 @@ class Params(Section):
     # (and `train`), each variant trained at each (train_scale stages), for Δ vs parameter count.
     lr_sweep: list[Annotated[float, Field(gt=0)]] = []
     scales: dict[str, dict[str, Any] | None] = {}
+    knockout: KnockoutParams = KnockoutParams()
 
     @field_validator("seeds")
     @classmethod
@@ -269,6 +286,16 @@ class Params(Section):
         if self.report.baseline not in self.ablations:
             raise ValueError(f"report.baseline: {self.report.baseline!r} is not a variant in ablations "
                              f"(have: {', '.join(self.ablations)})")
+        return self
+
+    @model_validator(mode="after")
+    def _knockout_seeds_trained(self) -> "Params":
+        for i, seed in enumerate(self.knockout.seeds):
+            if seed not in self.seeds:
+                raise ValueError(f"knockout.seeds: {seed} is not in seeds {self.seeds} (only those "
+                                 "train the baseline the knock-outs start from)")
+            if seed in self.knockout.seeds[:i]:
+                raise ValueError(f"knockout.seeds: {seed} is listed twice")
         return self
 
     @model_validator(mode="after")

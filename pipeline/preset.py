@@ -27,7 +27,8 @@ from pipeline.params import Params, ParamsError, load_params, resolve_variant
 
 SECTIONS = tuple(Params.model_fields)
 # Keys dvc.yaml's matrices read: DVC stops with "Could not find" when params.yaml lacks one.
-DVC_READS = ("seeds", "ablations", "lr_sweep", "scales")
+DVC_READS = ("seeds", "ablations", "lr_sweep", "scales", "knockout")
+OFF = {"lr_sweep": "[]", "knockout": "{seeds: []}"}  # how each sweep key is written when off
 
 
 def available(presets_dir: Path) -> list[str]:
@@ -72,7 +73,7 @@ def validate(path: Path) -> Params:
     for key in DVC_READS:
         if key not in params.model_fields_set:  # written in the file, not a default
             raise ParamsError(f"{path}: {key}: missing; dvc.yaml lays out its stages from it "
-                              f"(write `{key}: {'[]' if key == 'lr_sweep' else '{}'}` to leave it off)")
+                              f"(write `{key}: {OFF.get(key, '{}')}` to leave it off)")
     try:
         task = source_task(params)
     except ValueError as exc:

@@ -43,6 +43,7 @@ from pipeline.reporting import sweeps
 from pipeline.reporting.dvc_files import curve_tables, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
 from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
+from pipeline.reporting.knockout import knockout_blocks, knockout_summary, load_knockouts, mirror_knockouts
 from pipeline.reporting.loss_budget import loss_budget_blocks
 from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs, run_data
 from pipeline.reporting.notes import notes_blocks
@@ -70,6 +71,7 @@ def render_report(
     lr_sweep: Sequence[float] = (), main_lr: Mapping[str, float] | None = None, scales: Sequence[str] = (),
     raw_dir: Path | None = None, shards: Path | None = None, notes_data_digest: str | None = None,
     download_metrics: Path | None = None,
+    knockout_seeds: Sequence[int] = (), ablations: Mapping[str, Mapping | None] | None = None,
 ) -> list[RunFiles]:
     """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
 
@@ -87,6 +89,7 @@ def render_report(
     manifest = read_json(Path(shards) / "manifest.json", dict) if shards else None
     results = compute_results(runs, variants, seeds, baseline, primary_metric)
     plateau = unigram_plateau(runs)
+    knockouts = load_knockouts(Path(evals_dir), baseline, knockout_seeds)  # {} when the stage is off
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
     main_lr = dict(main_lr or {})  # each variant's train.lr; needed with lr_sweep
     sweep_runs = sweeps.load_sweeps(runs_dir, evals_dir, variants, seeds, lr_sweep, main_lr, scales)
@@ -120,6 +123,7 @@ def render_report(
             + (sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
             + reference_blocks(results, baseline, reference)
             + plateau_blocks(results, variants, plateau)
+            + knockout_blocks(knockouts, runs, seeds, baseline, ablations or {}, tmp / "figures")
             + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
             + params_blocks(runs, variants, seeds)
             + cost_blocks(runs, variants, seeds)
@@ -137,6 +141,8 @@ def render_report(
             summary["fair_lr"] = sweeps.fair_lr_summary(fair)
         if scaled:
             summary["scales"] = sweeps.scale_summary(scaled)
+        if knockouts:
+            summary["knockout"] = knockout_summary(knockouts)
         (tmp / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
         for item in sorted(tmp.iterdir()):
@@ -199,6 +205,14 @@ def _read_params(path: Path) -> dict:
     return params
 
 
+def knockout_seeds(params: dict) -> list[int]:
+    """knockout.seeds: the seeds whose knockout stage ran ([] or absent: off)."""
+    seeds = (params.get("knockout") or {}).get("seeds") or []
+    if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
+        raise ReportInputError("key 'knockout.seeds' must be a list of integers")
+    return seeds
+
+
 def main_rates(params: dict) -> dict[str, float]:
     """Each variant's own train.lr: the baseline's, unless its ablation overrides it."""
     shared = (params.get("train") or {}).get("lr", TrainParams.model_fields["lr"].default)
@@ -241,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             scales=[str(s) for s in params.get("scales") or {}],
             raw_dir=args.raw, shards=args.shards, notes_data_digest=report.get("notes_data_digest"),
             download_metrics=args.download_metrics,
+            knockout_seeds=knockout_seeds(params), ablations=params["ablations"],
         )
     except ReportInputError as e:
         raise SystemExit(f"report: {e}") from None
@@ -248,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     data = run_data(params, args.shards, tracking_root() / "dvc.lock") if args.shards else None
     summary = json.loads((args.out_dir / "metrics.json").read_text())  # MLflow's view: the same metrics
     columns = tuple(m for m in (summary.get("primary_metric"), summary.get("main_metric")) if m)
-    mirror_runs(runs, args.out_dir, str(report.get("experiment") or DEFAULT_EXPERIMENT), data, columns)
+    experiment = str(report.get("experiment") or DEFAULT_EXPERIMENT)
+    mirror_runs(runs, args.out_dir, experiment, data, columns)
+    mirror_knockouts(args.evals, str(report.get("baseline", "baseline")), knockout_seeds(params), experiment)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ TINY = {
     "ablations": {"baseline": {}, "no_positional": {"model": {"positional": "none"}}},
     "lr_sweep": [],
     "scales": {},
+    "knockout": {"seeds": []},
 }
 
 
