@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,10 @@ def test_stage_scores_every_planned_knockout_against_the_unknocked_model(tiny_sh
     planned = plan(model.cfg, cfg.parts, cfg.attentions, cfg.heads, cfg.modes)
     assert [(r["name"], r["mode"]) for r in on_disk["knockouts"]] == [(n, m) for n, m, _ in planned]
     # Every token of the validation split: the un-knocked loss is the evaluate stage's val_loss.
-    full = split_loss(model, shards, manifest, "validation", 4096, 64, 8, "cpu")
+    val = load_split(shards, manifest, "validation")
+    full = split_loss(model, load_split(shards, manifest, "train", limit=1), val,
+                      {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}, manifest["task"], 4096, 64, 8,
+                      "cpu", "validation loss", sum(len(t) for t in val.tgt))
     assert on_disk["base"]["val_loss"] == pytest.approx(full, rel=1e-5)
     assert on_disk["n_examples"] == 3 and "rougeL" in on_disk["base"] and len(planned) == 2 * (2 + 1 + 1 + 4)
     for record in on_disk["knockouts"]:
@@ -66,8 +70,15 @@ def test_stage_bounds_the_loss_tokens_and_scores_language_models(lm_shards, tmp_
     big = run_knockouts(shards, lm_shards / "tokenizer", run, tmp_path / "all", cfg.model_copy(
         update={"max_loss_tokens": 10 ** 9, "parts": ["ffn"]}), EVAL, 20, 4)
     val, test = (load_split(shards, manifest, s) for s in ("validation", "test"))
-    expected = lm_metrics(model, val, test, ["x"], manifest["eos_id"], 20, 4, "cpu")["val_loss"]
+    expected = lm_metrics(model, val, test, ["x"], manifest["eos_id"], 20, 4, "cpu", None)[0]["val_loss"]
     assert big["base"]["val_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def with_knockout(section: str) -> str:
+    """The committed params.yaml with its knockout section replaced by `section`."""
+    text, n = re.subn(r"^knockout:\n  seeds: \[[^\]]*\]\n", section, (ROOT / "params.yaml").read_text(), flags=re.M)
+    assert n == 1
+    return text
 
 
 @pytest.mark.parametrize("knockout, pattern", [
@@ -77,7 +88,7 @@ def test_stage_bounds_the_loss_tokens_and_scores_language_models(lm_shards, tmp_
     ("{seeds: [5]}", r"knockout\.seeds: 5 is not in seeds \[0, 1, 2\]"),
 ])
 def test_check_params_names_the_knockout_key_the_baseline_lacks(tmp_path, knockout, pattern):
-    text = (ROOT / "params.yaml").read_text().replace("knockout:\n  seeds: []\n", f"knockout: {knockout}\n")
+    text = with_knockout(f"knockout: {knockout}\n")
     baseline = "{model: {arch: decoder_only}}" if "cross" in knockout else (
         "{model: {positional: none}}" if "positional" in knockout else "{}")
     text = text.replace("  baseline: {}\n", f"  baseline: {baseline}\n")
@@ -88,7 +99,7 @@ def test_check_params_names_the_knockout_key_the_baseline_lacks(tmp_path, knocko
 
 def test_check_params_stage_exits_with_one_line_naming_the_key(tmp_path):
     from pipeline.check_params import main
-    text = (ROOT / "params.yaml").read_text().replace("knockout:\n  seeds: []\n", "knockout: {seeds: [0], heads: [9]}\n")
+    text = with_knockout("knockout: {seeds: [0], heads: [9]}\n")
     (tmp_path / "params.yaml").write_text(text)
     with pytest.raises(SystemExit) as info:
         main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "checked")])
