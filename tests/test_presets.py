@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -141,6 +142,8 @@ def shrink(params: dict, source_options: dict, cache: Path) -> dict:
                   "eval_examples": 8, "log_every": 1, "checkpoint_every": 100},
         "evaluate": {"max_examples": 4, "max_new_tokens": 12, "n_samples": 2, "batch_size": 4},
         "seeds": params["seeds"][:1],
+        # Knock-outs stay on where the preset has them, for the one seed kept.
+        "knockout": {"seeds": [s for s in params["knockout"]["seeds"] if s in params["seeds"][:1]]},
     }
     if params["train_bpe"]["model_type"] == "bpe":
         tiny["train_bpe"] = {"vocab_size": 150}
@@ -160,13 +163,21 @@ def shrink(params: dict, source_options: dict, cache: Path) -> dict:
 def stage_commands(params: dict) -> list[tuple[str, str]]:
     """(stage, command line) in dvc.yaml order, the matrices expanded as DVC does (a mapping
     gives its keys; an empty list, no stage)."""
+    def lookup(ref: str):  # "knockout.seeds" -> params["knockout"]["seeds"]
+        value = params
+        for part in ref.split("."):
+            value = value[part]
+        return value
+
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     out = []
     for name, stage in stages.items():
         cmds = [stage["cmd"]]
         for key, ref in (stage.get("matrix") or {}).items():
-            values = params[ref.removeprefix("${").removesuffix("}")]
+            values = lookup(ref.removeprefix("${").removesuffix("}"))
             cmds = [cmd.replace(f"${{item.{key}}}", str(v)) for cmd in cmds for v in values]
+        # Other ${section.key} references (e.g. ${report.baseline}) read params like DVC does.
+        cmds = [re.sub(r"\$\{([\w.]+)\}", lambda m: str(lookup(m[1])), cmd) for cmd in cmds]
         out += [(name, cmd) for cmd in cmds]
     return out
 
