@@ -161,7 +161,13 @@ def cpu_peak_flops(cache_dir: Path | None = None) -> tuple[float, str]:
     except (OSError, ValueError):
         known = {}
     if key not in known:
-        known[key] = measured_matmul_flops()
+        value = measured_matmul_flops()
+        if _other_running_processes() > 0:
+            # Shared cores give a fraction of the peak; cached, it would inflate every later MFU
+            # on this machine (a peak of 3e10 instead of 4e11 once gave MFUs above 1).
+            return value, (f"float32 matmul peak measured now on this CPU ({threads} threads) while other "
+                           "processes ran: not cached, so an underestimate for this run only")
+        known[key] = value
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
