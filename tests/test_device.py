@@ -26,7 +26,7 @@ def test_auto_threads_read_this_machine_without_failing():
 
 
 def test_the_cpu_peak_is_measured_once_per_machine_and_then_read_from_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(device, "_other_running_processes", lambda: 0)
+    monkeypatch.setattr(device, "_machine_busy", lambda: False)
     calls = []
     monkeypatch.setattr(device, "measured_matmul_flops", lambda: calls.append(1) or 1e10 * len(calls))
     first, source = cpu_peak_flops(tmp_path)
@@ -38,7 +38,7 @@ def test_the_cpu_peak_is_measured_once_per_machine_and_then_read_from_the_cache(
 
 
 def test_a_corrupt_cache_is_measured_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(device, "_other_running_processes", lambda: 0)
+    monkeypatch.setattr(device, "_machine_busy", lambda: False)
     (tmp_path / "cpu_peak_flops.json").write_text("{not json")
     monkeypatch.setattr(device, "measured_matmul_flops", lambda: 5e9)
     assert cpu_peak_flops(tmp_path)[0] == 5e9
@@ -46,7 +46,7 @@ def test_a_corrupt_cache_is_measured_again(tmp_path, monkeypatch):
 
 
 def test_a_peak_measured_beside_other_processes_is_not_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr(device, "_other_running_processes", lambda: 1)
+    monkeypatch.setattr(device, "_machine_busy", lambda: True)
     monkeypatch.setattr(device, "measured_matmul_flops", lambda: 3e10)
     value, source = cpu_peak_flops(tmp_path)
     assert value == 3e10 and "not cached" in source

@@ -162,7 +162,7 @@ def cpu_peak_flops(cache_dir: Path | None = None) -> tuple[float, str]:
         known = {}
     if key not in known:
         value = measured_matmul_flops()
-        if _other_running_processes() > 0:
+        if _machine_busy():
             # Shared cores give a fraction of the peak; cached, it would inflate every later MFU
             # on this machine (a peak of 3e10 instead of 4e11 once gave MFUs above 1).
             return value, (f"float32 matmul peak measured now on this CPU ({threads} threads) while other "
@@ -176,6 +176,15 @@ def cpu_peak_flops(cache_dir: Path | None = None) -> tuple[float, str]:
         except OSError:
             pass  # a read-only home: the measurement still serves this run
     return known[key], f"float32 matmul peak measured once on this CPU ({threads} threads; cached in {path})"
+
+
+def _machine_busy() -> bool:
+    """Other work on the cores: the 1-minute load average at half the cores or more. (The
+    instantaneous runnable count is no use right after a matmul: torch's own threads are in it.)"""
+    try:
+        return os.getloadavg()[0] >= (os.cpu_count() or 1) / 2
+    except OSError:
+        return False
 
 
 def _cpu_model() -> str:
