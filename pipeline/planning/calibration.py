@@ -43,6 +43,9 @@ def seed_wall(walls: list[float]) -> float | None:
     return mid if any(abs(w - mid) <= SEED_AGREEMENT * mid for w in others) else None
 
 
+CONTENDED = "⚠"  # the report's mark on a timing taken under contention (tables.py's cost table)
+
+
 def markdown_table(text: str, heading: str) -> list[dict]:
     """Rows of the first table under `## heading` in a report.md, as {column: cell}."""
     parts = re.split(r"^## ", text, flags=re.M)
@@ -69,12 +72,14 @@ def measured_runs(report: Path) -> list[dict]:
     text = report.read_text(encoding="utf-8")
     walls: dict[str, list[float]] = {}
     for r in markdown_table(text, "Per-run values"):
-        if r.get("wall time (s)"):
+        if r.get("wall time (s)") and CONTENDED not in r["wall time (s)"]:
             walls.setdefault(r["variant"], []).append(number(r["wall time (s)"]))
     out = []
     for r in markdown_table(text, "Training cost"):
         if not r.get("device", "").startswith("cpu") or r.get("MFU") in (None, "—", ""):
             continue
+        if CONTENDED in r.get("wall time (s)", "") + r.get("tokens/s", ""):
+            continue  # the report marks a timing taken while the load exceeded the run's cores
         wall = seed_wall(walls[r["variant"]]) if r["variant"] in walls else number(r["wall time (s)"])
         if wall is None:
             continue
