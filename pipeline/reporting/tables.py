@@ -423,6 +423,16 @@ def contended(train: Mapping | None) -> bool | None:
     return None if peak is None or cores is None else peak > cores
 
 
+def mean_batch(trains) -> str:
+    """'24.3 × (17.1 + 19)': the mean padded batch over seeds, rows × (source + target) (target alone
+    for a language model); MISSING where no train.json records it."""
+    shapes = [t["batch_shape_mean"] for t in trains if t.get("batch_shape_mean")]
+    if not shapes:
+        return MISSING
+    rows, src, tgt = np.mean(shapes, axis=0)
+    return f"{fmt(rows, 3)} × ({fmt(src, 3)} + {fmt(tgt, 3)})" if src else f"{fmt(rows, 3)} × {fmt(tgt, 3)}"
+
+
 def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Block]:
     """Tokens, steps, wall time, throughput and MFU: mean over seeds with a train.json; timings taken
     under contention (see `contended`) are marked, as they understate what the code does."""
@@ -446,11 +456,13 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
             v, counts(v, "tokens_trained"), counts(v, "steps"), fmt_sci(mean(v, "flops_per_token")),
             fmt_sci(mean(v, "flops_trained")), fmt(mean(v, "wall_time_s")) + mark,
             fmt_int(mean(v, "tokens_per_s")) + mark, fmt(mean(v, "mfu"), 3), fmt(mean(v, "padding_ratio"), 3),
-            ", ".join(devices) or MISSING, fmt_range(list(values_by_seed(runs, v, seeds, "train", "threads").values())),
+            mean_batch(trains.values()), ", ".join(devices) or MISSING, fmt_range(list(values_by_seed(runs, v, seeds, "train", "threads").values())),
             fmt(max(peaks), 3) if peaks else MISSING,
         ])
     notes = ["Load: the highest 1-minute load average (/proc/loadavg) train.json recorded at the start and end "
-             "of a seed's training; cores: the CPU threads the run used (train.json threads)."]
+             "of a seed's training; cores: the CPU threads the run used (train.json threads). Mean batch: rows x "
+             "(source + target length), padded, over the micro-batches trained (train.json batch_shape_mean); "
+             "pipeline.plan's CPU time model is calibrated on it."]
     notes.append(f"{CONTENDED} timed under contention: the load exceeded the cores the run used, so other work "
                  "shared the CPUs and wall time and tokens/s understate this code's speed: "
                  + "; ".join(marked) + "." if marked else
@@ -459,7 +471,7 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
                  "Machine load not recorded (train.json files from before it was), so contention is unknown.")
     return [Heading("Training cost"), Table(
         ["variant", "tokens trained", "steps", "FLOPs / target token", "FLOPs trained", "wall time (s)", "tokens/s",
-         "MFU", "padding ratio", "device", "cores", "load (max)"],
+         "MFU", "padding ratio", "mean batch", "device", "cores", "load (max)"],
         rows, "Training cost (train.json): tokens and steps as min–max over seeds (one value when all "
               "seeds agree), the other columns mean over seeds", notes,
     )]

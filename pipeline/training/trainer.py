@@ -155,7 +155,9 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
     scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"])
     val_batches = data.val_batches(cfg["eval_examples"])
     s = {"step": 0, "tokens": 0, "epoch": 0, "index": 0, "train_rows": [], "val_rows": [], "elapsed": 0.0}
-    mine = {"loss_acc": [0.0, 0], "pad": [0, 0]}  # this rank's share, saved per rank
+    # This rank's share, saved per rank. "shape": micro-batches, rows, source and target lengths
+    # (padded), summed: the mean batch the planner's time model is calibrated on.
+    mine = {"loss_acc": [0.0, 0], "pad": [0, 0], "shape": [0, 0, 0, 0]}
     resumed = checkpoint.load_for_ranks(ckpt_dir, run_hash, device)
     if resumed is not None:
         model.load_state_dict(resumed["model"])
@@ -186,7 +188,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         + (f" x {cluster.world} ranks" if cluster.world > 1 else "")
         + f", {precision}" + (", compiled" if cfg["compile"] else ""))
     loss_sum = torch.tensor(mine["loss_acc"][0], device=device)
-    loss_tokens, pad = mine["loss_acc"][1], list(mine["pad"])
+    loss_tokens, pad, shape = mine["loss_acc"][1], list(mine["pad"]), list(mine.get("shape", [0, 0, 0, 0]))
     started = time.perf_counter() - s["elapsed"]
     window_start, here = s["step"], (s["step"], time.perf_counter())  # `here`: this process's start, for ETA
     bad_step = torch.full((), -1, device=device, dtype=torch.long)
@@ -207,6 +209,8 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
             # Padding is counted on the host copy, so it costs no device sync.
             pad[0] += sum(int((t == data.ids["pad_id"]).sum()) for t in batch[:2] if t is not None)
             pad[1] += sum(t.numel() for t in batch[:2] if t is not None)
+            shape = [a + b for a, b in zip(shape, (1, len(batch[1]), 0 if batch[0] is None else batch[0].shape[1],
+                                                    batch[1].shape[1]))]
             src, tgt_in, tgt_out = (_to_device(t, device) for t in batch)
             n = data.target_tokens(idx)
             # Gradients are all-reduced once per optimizer step, after the last micro-batch.
@@ -254,7 +258,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
             s["elapsed"] = time.perf_counter() - started
             # Each rank's RNG, unlogged loss and padding counts, so a resumed run continues exactly.
             ranks = all_gather({"rng": checkpoint.rng_state(), "loss_acc": [float(loss_sum), loss_tokens],
-                                "pad": list(pad)})
+                                "pad": list(pad), "shape": list(shape)})
             if cluster.main:
                 checkpoint.save(ckpt_dir, s["step"], {
                     "config_hash": run_hash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -267,6 +271,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
     if cluster.world > 1:
         check_replicas_identical(model)
     pad = all_reduce(pad, device)
+    shape = all_reduce(shape, device)
     return {
         "steps": s["step"], "tokens_trained": s["tokens"], "budget_tokens": budget_tokens,
         "train_loss": s["train_rows"][-1][2] if s["train_rows"] else None,
@@ -274,6 +279,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         "wall_time_s": wall, "tokens_per_s": s["tokens"] / max(wall, 1e-9),
         "padding_ratio": pad[0] / pad[1] if pad[1] else 0.0,
         "processed_tokens_per_s": (pad[1] - pad[0]) / max(wall, 1e-9),  # source + target, no pad, all ranks
+        "batch_shape_mean": [x / shape[0] for x in shape[1:]] if shape[0] else None,  # rows, source, target
         "device": str(device), "world_size": cluster.world, "resumed": resumed is not None,
         "gpu": claimed().record() if device.type == "cuda" and claimed() else None,
         "precision": precision, "compile": cfg["compile"], "fused_adamw": uses_fused(device, precision),
