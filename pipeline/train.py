@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -66,6 +67,28 @@ def machine_load() -> dict:
     except (OSError, ValueError, IndexError):
         load = None
     return {"loadavg_1m": load, "other_running": _other_running_processes() if load is not None else None}
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(busy CPU seconds of the whole machine since boot, CPU seconds of this process and all its
+    threads): /proc/stat's user + nice + system + irq + softirq, and getrusage. None without /proc."""
+    try:
+        user, nice, system, _idle, _iowait, irq, softirq = (
+            int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8])
+    except (OSError, ValueError):
+        return None
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), own.ru_utime + own.ru_stime
+
+
+def others_cpu_share(start: tuple[float, float] | None, end: tuple[float, float] | None, wall: float) -> float | None:
+    """The share of the machine's CPU time that other processes used while this run trained: 0 on a
+    quiet machine, 0.5 when another job kept one of two cores busy. A load average cannot tell a
+    run's own threads from other work; this can (the report marks a timing above 10% contended)."""
+    if start is None or end is None or wall <= 0:
+        return None
+    others = (end[0] - start[0]) - (end[1] - start[1])
+    return round(min(1.0, max(0.0, others / (wall * (os.cpu_count() or 1)))), 4)
 
 
 def flops_per_target_token(model, cfg, mean_src: float, mean_tgt: float) -> float:
@@ -123,7 +146,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
          track: bool, cluster, point: dict) -> dict:
     # Wall-clock times of this stage (MLflow's runs table shows end - start as the run's Duration)
     # and the load around it; a resumed run's times are those of its last, finishing process.
-    started_at, load_start = time.time(), machine_load()
+    started_at, load_start, cpu_start = time.time(), machine_load(), cpu_seconds()
     manifest = read_manifest(shards)
     torch.manual_seed(seed)  # the initial weights are part of what the seed decides
     cfg, model = build(resolved["model"], manifest, f"ablations.{variant}")
@@ -192,7 +215,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     except BaseException:
         tracker.end("FAILED")
         raise
-    finished_at, load_end = time.time(), machine_load()
+    finished_at, load_end, cpu_end = time.time(), machine_load(), cpu_seconds()
     counts = model.param_counts()
     metrics = {
         **ident, "params_total": counts["total"], "params_by_component": counts,
@@ -200,7 +223,9 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
         "flops_per_token": flops_per_token, "flops_trained": flops_per_token * result["tokens_trained"],
         "budget_flops": tcfg["budget_flops"],
-        "started_at": started_at, "finished_at": finished_at, "load": {"start": load_start, "end": load_end},
+        "started_at": started_at, "finished_at": finished_at, "load": {"start": load_start, "end": load_end,
+                                                                   "others_cpu_share": others_cpu_share(
+                                                                       cpu_start, cpu_end, finished_at - started_at)},
     }
     if not cluster.main:
         return metrics

@@ -355,11 +355,14 @@ def test_report_opens_with_one_verdict_per_ablation_then_the_delta_figure(render
     assert html.index("<h2>Verdict</h2>") < html.index("<figure>") < html.index("<table>")
 
 
-def _with_load(p, variant: str, seed: int, start: float, end: float, threads: int = 2) -> None:
+def _with_load(p, variant: str, seed: int, start: float, end: float, threads: int = 2,
+               others: float | None = None) -> None:
     path = p.runs / f"{variant}-{seed}" / "train.json"
     train = json.loads(path.read_text())
     train.update(threads=threads, load={"start": {"loadavg_1m": start, "other_running": 0},
                                         "end": {"loadavg_1m": end, "other_running": 3}})
+    if others is not None:
+        train["load"]["others_cpu_share"] = others
     path.write_text(json.dumps(train))
 
 
@@ -375,6 +378,21 @@ def test_cost_table_marks_timings_taken_under_contention(tmp_path):
     assert cost["no_ffn"]["load (max)"] == "5.2" and cost["no_ffn"]["cores"] == "2"
     assert cost["single_head"]["load (max)"] == "—"  # not recorded: unknown, not quiet
     assert "understate this code's speed: no_ffn (seed 1)." in md
+
+
+def test_contention_is_what_other_processes_used_where_train_json_measured_it(tmp_path):
+    """A load of 3 on 2 cores with others at 2% of the CPU: the run's own threads and the previous
+    stage's tail, not contention. 25%: contention, whatever the load said."""
+    p = make_project(tmp_path)
+    for s in p.seeds:
+        _with_load(p, "baseline", s, 2.9, 3.0, others=0.02)
+        _with_load(p, "no_ffn", s, 0.5, 1.5, others=0.25 if s == 2 else 0.01)
+    md = (render(p) / "report.md").read_text(encoding="utf-8")
+    cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
+    assert not cost["baseline"]["wall time (s)"].endswith("⚠") and cost["baseline"]["others' CPU (max)"] == "2%"
+    assert cost["no_ffn"]["wall time (s)"].endswith(" ⚠") and cost["no_ffn"]["others' CPU (max)"] == "25%"
+    assert cost["single_head"]["others' CPU (max)"] == "—"
+    assert "understate this code's speed: no_ffn (seed 2)." in md
 
 
 def test_preset_notes_are_quoted_beside_the_generated_data_facts_and_flagged_on_other_data(tmp_path):

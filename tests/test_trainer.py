@@ -113,8 +113,27 @@ def test_outputs_and_checkpoints_load_with_weights_only(tiny_shards, capsys):
     assert info["mfu"] is None or 0 < info["mfu"] < 1
     assert info["threads"] == torch.get_num_threads() >= 1
     assert 0 <= info["padding_ratio"] < 0.5
+    assert 0 <= info["load"]["others_cpu_share"] <= 1
+    assert info["batch_shape_mean"] == pytest.approx(planned_mean_batch(tiny_shards / "shards", metrics["steps"]))
     rows = (out / "val_curve.csv").read_text().splitlines()
     assert rows[0] == "step,tokens,val_loss" and len(rows) - 1 == -(-metrics["steps"] // 5)
+
+
+def planned_mean_batch(shards: Path, steps: int) -> list[float]:
+    """Rows, source and target length (padded, target + BOS) of the first `steps` batches of the
+    train stage's plan at tiny_train's settings, averaged."""
+    manifest = read_manifest(shards)
+    split = load_split(shards, manifest, "train")
+    cfg = tiny_train()
+    data = trainer.Data(task=manifest["task"], train=split, val=None, batch_tokens=cfg["batch_tokens"],
+                        ids={k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")},
+                        batch_size=cfg["batch_size"], context=cfg["context"], seed=0)
+    shapes, epoch = [], 0
+    while len(shapes) < steps:
+        shapes += [(len(idx), max(1, max(len(split.src[i]) for i in idx)), max(len(split.tgt[i]) for i in idx) + 1)
+                   for idx in data.epoch(epoch)]
+        epoch += 1
+    return np.mean(shapes[:steps], axis=0).tolist()
 
 
 def test_non_finite_loss_stops_with_the_step(tiny_shards):
@@ -237,7 +256,7 @@ def test_sigkill_midway_then_rerun_equals_uninterrupted(tiny_shards, tmp_path):
     assert "resumed from step" in resumed.stdout
     whole = json.loads((tmp_path / "whole" / "train.json").read_text())
     again = json.loads((tmp_path / "killed" / "train.json").read_text())
-    for key in ("train_loss", "val_loss", "tokens_trained", "steps"):
+    for key in ("train_loss", "val_loss", "tokens_trained", "steps", "batch_shape_mean"):
         assert whole[key] == again[key], key
     for name in ("train_curve.csv", "val_curve.csv"):
         assert (tmp_path / "whole" / name).read_text() == (tmp_path / "killed" / name).read_text()
@@ -322,6 +341,7 @@ def test_language_modelling_trains_from_the_token_files(tmp_path):
     metrics = run(shards, "lm", 0, cfg, "x", tmp_path / "out", tmp_path / "ckpt" / "lm-0")
     assert metrics["tokens_trained"] == metrics["steps"] * 4 * 16 >= 640
     assert np.isfinite(metrics["val_loss"]) and metrics["padding_ratio"] == 0.0
+    assert metrics["batch_shape_mean"] == [4, 0, 16]  # rows x context, no source
     assert list((tmp_path / "ckpt" / ".token-cache").glob("*.tokens"))  # next to the checkpoints, shared by runs
 
 
@@ -398,3 +418,19 @@ def test_the_default_precision_on_cpu_is_fp32_and_bf16_changes_the_numbers(tiny_
     bf16 = run(shards, "v", 0, resolved(budget_tokens=600, precision="bf16"), "x", tmp_path / "b", tmp_path / "cb")
     assert bf16["precision"] == "bf16" and bf16["train_loss"] != fp32["train_loss"]  # autocast ran
     assert bf16["train_loss"] == pytest.approx(fp32["train_loss"], rel=2e-2)
+
+
+def test_others_cpu_share_is_the_machines_busy_time_less_this_process():
+    from pipeline.train import cpu_seconds, others_cpu_share
+
+    cores = os.cpu_count()
+    # 10 s of wall: the machine was busy 14 s, this process 4 s of it: others had 10 of cores x 10 s.
+    assert others_cpu_share((100.0, 1.0), (114.0, 5.0), 10.0) == pytest.approx(round(10 / (10 * cores), 4))
+    assert others_cpu_share((100.0, 1.0), (104.0, 5.0), 10.0) == 0.0  # alone
+    assert others_cpu_share(None, (1.0, 1.0), 10.0) is None
+    start = cpu_seconds()
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:  # spin: this process's own CPU time grows, not others'
+        pass
+    end = cpu_seconds()
+    assert start is not None and end[1] - start[1] >= 0.2 and end[0] - start[0] >= 0.15

@@ -416,9 +416,24 @@ def load_peak(train: Mapping | None) -> float | None:
     return max(values) if values else None
 
 
+# Other processes' share of the machine's CPU time during a run (train.json load.others_cpu_share)
+# above which its timing is marked: kernel threads and DVC's own bookkeeping stay well below it.
+OTHERS_SHARE = 0.10
+
+
+def others_share(train: Mapping | None) -> float | None:
+    load = (train or {}).get("load")
+    return number(load, "others_cpu_share") if isinstance(load, dict) else None
+
+
 def contended(train: Mapping | None) -> bool | None:
-    """Whether a run's timing was taken under contention: a load average above the cores it used
-    (train.json threads), i.e. more work wanted the CPUs than this run alone; None if not recorded."""
+    """Whether a run's timing was taken under contention: other processes used more than
+    OTHERS_SHARE of the machine's CPU time while it trained. Runs recorded before that measure: a
+    load average above the cores the run used (train.json threads), which also counts the run's
+    own threads and the previous stage's tail, so it marks some quiet runs too. None if neither."""
+    share = others_share(train)
+    if share is not None:
+        return share > OTHERS_SHARE
     peak, cores = load_peak(train), number(train, "threads")
     return None if peak is None or cores is None else peak > cores
 
@@ -458,20 +473,25 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
             fmt_int(mean(v, "tokens_per_s")) + mark, fmt(mean(v, "mfu"), 3), fmt(mean(v, "padding_ratio"), 3),
             mean_batch(trains.values()), ", ".join(devices) or MISSING, fmt_range(list(values_by_seed(runs, v, seeds, "train", "threads").values())),
             fmt(max(peaks), 3) if peaks else MISSING,
+            f"{max(shares):.0%}" if (shares := [s for t in trains.values() if (s := others_share(t)) is not None])
+            else MISSING,
         ])
     notes = ["Load: the highest 1-minute load average (/proc/loadavg) train.json recorded at the start and end "
-             "of a seed's training; cores: the CPU threads the run used (train.json threads). Mean batch: rows x "
+             "of a seed's training; cores: the CPU threads the run used (train.json threads); others' CPU: the "
+             "largest share of the machine's CPU time that other processes used during a seed's training "
+             "(train.json load.others_cpu_share, from /proc/stat less the run's own CPU time). Mean batch: rows x "
              "(source + target length), padded, over the micro-batches trained (train.json batch_shape_mean); "
              "pipeline.plan's CPU time model is calibrated on it."]
-    notes.append(f"{CONTENDED} timed under contention: the load exceeded the cores the run used, so other work "
-                 "shared the CPUs and wall time and tokens/s understate this code's speed: "
-                 + "; ".join(marked) + "." if marked else
-                 "No timing here was taken under contention (load at or below the cores each run used)."
-                 if any(row[-1] != MISSING for row in rows) else
+    notes.append(f"{CONTENDED} timed under contention: other processes used more than {OTHERS_SHARE:.0%} of the "
+                 "machine's CPU time (runs recorded before that measure: the load exceeded the cores the run used), "
+                 "so wall time and tokens/s understate this code's speed: " + "; ".join(marked) + "." if marked else
+                 "No timing here was taken under contention (others' CPU at most "
+                 f"{OTHERS_SHARE:.0%}, or where not recorded, load at or below the cores each run used)."
+                 if any(row[-2] != MISSING for row in rows) else
                  "Machine load not recorded (train.json files from before it was), so contention is unknown.")
     return [Heading("Training cost"), Table(
         ["variant", "tokens trained", "steps", "FLOPs / target token", "FLOPs trained", "wall time (s)", "tokens/s",
-         "MFU", "padding ratio", "mean batch", "device", "cores", "load (max)"],
+         "MFU", "padding ratio", "mean batch", "device", "cores", "load (max)", "others' CPU (max)"],
         rows, "Training cost (train.json): tokens and steps as min–max over seeds (one value when all "
               "seeds agree), the other columns mean over seeds", notes,
     )]
