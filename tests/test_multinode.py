@@ -184,7 +184,8 @@ def test_two_machines_train_halves_of_the_grid_and_a_third_writes_the_report_tra
     cluster = {**env, "GRID_REPO": str(clones["b"]), "GRID_REV": rev, "SLURM_GRID_SCRATCH": str(tmp_path / "scratch")}
     sh(["bash", str(SLURM_GRID), "data"], clones["b"], cluster)
     log = sh(["bash", str(SLURM_GRID), "task"], clones["b"], {**cluster, "SLURM_ARRAY_TASK_ID": "1"}).stdout
-    assert ran_stages(log) >= set(tasks[1].split()) and not ran_stages(log) & {"download", "train_bpe", "encode"}, log
+    assert ran_stages(log) >= set(tasks[1].split()) and not ran_stages(log) & {"download", "filter", "train_bpe",
+                                                                               "encode"}, log
     assert not any((tmp_path / "scratch").iterdir())  # the jobs' clones are gone
 
     # A by hand, live to the server, computing its own data stages (no --pull: nothing restored).

@@ -21,7 +21,7 @@ import itertools
 import json
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -474,16 +474,24 @@ def iter_parallel(source: Path, target: Path, gz: tuple[bool | None, bool | None
     """
     with open_text(source, gz[0], newline="\n", progress=progress) as fs, \
             open_text(target, gz[1], newline="\n", progress=progress) as ft:
-        ls, lt = iter_raw_lines(fs, source, limit), iter_raw_lines(ft, target, limit)
-        n = 0
-        for s, t in itertools.zip_longest(ls, lt):
-            if s is None or t is None:
-                n_s = n + (s is not None) + sum(1 for _ in ls)
-                n_t = n + (t is not None) + sum(1 for _ in lt)
-                raise ValueError(f"{source} has {n_s} lines but {target} has {n_t}; "
-                                 f"parallel files must have one line per example, in the same order")
+        lines = aligned(iter_raw_lines(fs, source, limit), iter_raw_lines(ft, target, limit),
+                        lambda n_s, n_t: f"{source} has {n_s} lines but {target} has {n_t}; "
+                                         f"parallel files must have one line per example, in the same order")
+        for s, t in lines:
             yield _chomp(s), _chomp(t)
-            n += 1
+
+
+def aligned(left: Iterator, right: Iterator, mismatch: Callable[[int, int], str]) -> Iterator[tuple]:
+    """(a, b) pairs of two streams that must be equally long (their items never None). When one
+    runs out first, the other is counted to its end and ValueError(mismatch(len left, len right))
+    is raised: the message can say how far apart the two files are, not just that they differ."""
+    n = 0
+    for a, b in itertools.zip_longest(left, right):
+        if a is None or b is None:
+            raise ValueError(mismatch(n + (a is not None) + sum(1 for _ in left),
+                                      n + (b is not None) + sum(1 for _ in right)))
+        yield a, b
+        n += 1
 
 
 def _chomp(line: str) -> str:

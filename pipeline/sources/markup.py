@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.sources.formats import iter_raw_lines, open_text, quote
+from pipeline.sources.formats import aligned, iter_raw_lines, open_text, quote
 
 if TYPE_CHECKING:
     from pipeline.progress import Progress
@@ -126,20 +126,15 @@ def xml_pairs(source: Path, target: Path, gz: tuple[bool | None, bool | None] = 
               limit: int | None = None, progress: Progress | None = None
               ) -> Iterator[tuple[str, str]]:
     """(source seg, target seg) of two XML files, aligned by document and seg id."""
-    fs, ft = iter_segs(source, gz[0], limit, progress), iter_segs(target, gz[1], limit, progress)
-    n = 0
-    for s, t in itertools.zip_longest(fs, ft):
-        if s is None or t is None:
-            n_s = n + (s is not None) + sum(1 for _ in fs)
-            n_t = n + (t is not None) + sum(1 for _ in ft)
-            raise ValueError(f"{source} has {n_s} segs but {target} has {n_t}; the two sides of "
-                             f"a pair must hold the same documents and segs")
+    segs = aligned(iter_segs(source, gz[0], limit, progress), iter_segs(target, gz[1], limit, progress),
+                   lambda n_s, n_t: f"{source} has {n_s} segs but {target} has {n_t}; the two sides of "
+                                    f"a pair must hold the same documents and segs")
+    for s, t in segs:
         if s[0] != t[0]:
             raise ValueError(f"{source} line {s[2]} (doc {s[0][0]} docid {s[0][1]!r} seg "
                              f"{s[0][2]!r}) does not match {target} line {t[2]} (doc {t[0][0]} "
                              f"docid {t[0][1]!r} seg {t[0][2]!r}); the files are not aligned")
         yield s[1], t[1]
-        n += 1
 
 
 def tagged_pairs(source: Path, target: Path, gz: tuple[bool | None, bool | None] = (None, None),
@@ -148,12 +143,6 @@ def tagged_pairs(source: Path, target: Path, gz: tuple[bool | None, bool | None]
     """(source line, target line) of two train.tags files: their text lines, in order."""
     fs = (x for x in iter_tagged(source, gz[0], limit, progress) if x[1] is not None)
     ft = (x for x in iter_tagged(target, gz[1], limit, progress) if x[1] is not None)
-    n = 0
-    for s, t in itertools.zip_longest(fs, ft):
-        if s is None or t is None:
-            n_s = n + (s is not None) + sum(1 for _ in fs)
-            n_t = n + (t is not None) + sum(1 for _ in ft)
-            raise ValueError(f"{source} has {n_s} text lines but {target} has {n_t} (tag lines "
-                             f"not counted); the two sides of a pair must align line by line")
+    for s, t in aligned(fs, ft, lambda n_s, n_t: f"{source} has {n_s} text lines but {target} has {n_t} (tag "
+                                                 f"lines not counted); the two sides of a pair must align line by line"):
         yield s[1], t[1]
-        n += 1
