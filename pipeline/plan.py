@@ -14,11 +14,12 @@ Design decisions:
   weight allocated); FLOPs are the train stage's formula; activation memory is what one meta-device
   forward keeps for backward (pipeline/planning/estimate.py).
 - GPU time: per step, the longer of its FLOPs / (datasheet bf16 peak in pipeline.training.device x
-  --mfu, default 0.35) and the host's own work per step (the CPU fit's per-step cost below).
-  CPU time: small models on a CPU are bound by a fixed cost per optimizer step as much as by
-  FLOPs, so wall = steps x per-step cost + FLOPs / (this CPU's cached peak x MFU), both fitted to
-  the wall times of committed CPU studies (reports/**/report.md, whose cost tables the report stage
-  writes from each run's train.json).
+  --mfu, default 0.35) and the host's own work per step (the CPU fit's cost per sublayer below).
+  CPU time: small models on a CPU are bound by more than FLOPs, so wall = steps x (sublayers x a
+  cost per sublayer + the activation bytes of the mean batch / a rate) + FLOPs / (this CPU's
+  cached peak x MFU), the three constants fitted to the wall times of committed CPU studies
+  (reports/**/report.md, whose cost tables the report stage writes from each run's train.json;
+  pipeline/planning/calibration.py).
 - Not included: the data stages and the evaluate stage (its decoding cost depends on what the
   model generates); the train stage's own validation passes are in the measured CPU walls only.
 """
@@ -26,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from pipeline.params import load_params
-from pipeline.planning.calibration import calibrate, reference_peak
+from pipeline.planning.calibration import Calibration, calibrate, reference_peak
 from pipeline.planning.estimate import PlanError, Row, plan, ram_bytes, read_manifest
 
 # --device: (name in device.GPU_PEAK_BF16, memory in bytes from the vendor's data sheet).
@@ -62,11 +63,12 @@ def fmt_time(s: float) -> str:
 
 
 def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: str = "measured") -> dict:
-    """Peak FLOP/s, memory and the time model of `device`: MFU and per-step cost (`step_s`).
+    """Peak FLOP/s, memory and the time model (`time`, a Calibration) of `device`.
 
-    cpu: both fitted to the committed studies (`reports`), the peak measured here once and cached
-    (cpu_peak="studies": the one the committed runs divided by). GPU: the datasheet peak x `mfu`
-    (default DEFAULT_MFU); no GPU run has been measured, so the host's work per step is the CPU fit's.
+    cpu: the time model fitted to the committed studies (`reports`), the peak measured here once
+    and cached (cpu_peak="studies": the one the committed runs divided by); --mfu replaces the
+    fitted MFU. GPU: the datasheet peak x `mfu` (default DEFAULT_MFU); no GPU run has been
+    measured, so the host's work per sublayer is the CPU fit's.
     """
     if device == "cpu":
         from pipeline.training.device import _cpu_model, cpu_peak_flops
@@ -78,19 +80,27 @@ def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: 
             peak, source = cpu_peak_flops()
         return {"device": f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)", "peak_flops": peak,
                 "peak_source": source, "memory_bytes": ram_bytes(), "memory_source": "this machine's RAM",
-                "mfu": cal.mfu if mfu is None else mfu, "step_s": cal.step_s,
+                "time": cal if mfu is None else replace(cal, mfu=mfu),
                 "time_source": (f"MFU {mfu} given (--mfu), " if mfu is not None else "") + f"fitted to {cal.source}"}
     name, memory_bytes = GPUS[device]
     try:
         host = calibrate(reports)
     except PlanError:
         host = None
+    mfu = DEFAULT_MFU if mfu is None else mfu
     return {"device": f"one {name}", "peak_flops": gpu_peak(name),
             "peak_source": f"datasheet bf16 dense peak of the {name} (pipeline.training.device)",
             "memory_bytes": memory_bytes, "memory_source": f"the {name}'s data sheet",
-            "mfu": DEFAULT_MFU if mfu is None else mfu, "step_s": host.step_s if host else 0.0,
-            "time_source": (f"MFU {'default' if mfu is None else 'given (--mfu)'}; host per-step cost fitted to "
-                            f"{host.source}" if host else "no committed CPU study found: FLOPs only")}
+            "time": replace(host, mfu=mfu) if host else Calibration(mfu, 0.0, float("inf"), 0, "none"),
+            "time_source": (f"MFU {'default' if mfu == DEFAULT_MFU else 'given (--mfu)'}; host cost per sublayer "
+                            f"fitted to {host.source}" if host else "no committed CPU study found: FLOPs only")}
+
+
+def timing(time: Calibration) -> dict:
+    """The time model as JSON (no rate where the fit has no activation term)."""
+    out = asdict(time)
+    out["bytes_per_s"] = None if out["bytes_per_s"] == float("inf") else out["bytes_per_s"]
+    return out
 
 
 def table(rows: list[Row], facts: dict) -> str:
@@ -115,11 +125,12 @@ def table(rows: list[Row], facts: dict) -> str:
 
 def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source: str) -> str:
     cpu = facts["device"].startswith("cpu")
+    time = facts["time"]
     if cpu:
-        model = f"time = steps x {facts['step_s'] * 1000:.3g} ms + FLOPs / (peak x MFU {facts['mfu']:.3g})"
+        model = f"time = {time.describe()}"
     else:
-        model = (f"time per step = the longer of FLOPs / (peak x MFU {facts['mfu']:.3g}) and the host's "
-                 f"{facts['step_s'] * 1000:.3g} ms of work per step")
+        model = (f"time per step = the longer of FLOPs / (peak x MFU {time.mfu:.3g}) and the host's "
+                 f"{time.sublayer_s * 1000:.3g} ms of work per sublayer")
     model += f" ({facts['time_source']})"
     out = [f"Plan for {params_path} on {facts['device']}: peak {facts['peak_flops']:.3g} FLOP/s "
            f"({facts['peak_source']}); {model}.",
@@ -131,7 +142,7 @@ def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source:
            + ("float32 as on CPU." if cpu else "bf16 autocast as on CUDA.")]
     if not cpu:
         out.append("No GPU run has been measured here: the MFU is an assumption (--mfu), and the host's "
-                   "per-step cost is the CPU studies' (a GPU machine's host may be faster or slower).")
+                   "per-sublayer cost is the CPU studies' (a GPU machine's host may be faster or slower).")
     if "no encoded data" in lengths_source:
         out.append("For the real sequence lengths, run `dvc repro encode` (the data stages only) and plan again.")
     for r in rows:
@@ -147,8 +158,10 @@ def brief(params_path: Path, rows: list[Row], facts: dict, lm: bool, has_manifes
     per_run = sorted(r.seconds_per_run for r in rows)
     span = fmt_time(per_run[0]) + ("" if fmt_time(per_run[-1]) == fmt_time(per_run[0]) else f"-{fmt_time(per_run[-1])}")
     biggest = max(rows, key=lambda r: r.memory["total"])
-    how = (f"MFU {facts['mfu']:.2g} + {facts['step_s'] * 1000:.2g} ms/step, fitted" if facts["device"].startswith("cpu")
-           else f"MFU {facts['mfu']:.2g}, at least {facts['step_s'] * 1000:.2g} ms/step")
+    time = facts["time"]
+    how = (f"MFU {time.mfu:.2g} + {time.sublayer_s * 1000:.2g} ms/sublayer/step + activation traffic, fitted"
+           if facts["device"].startswith("cpu") else
+           f"MFU {time.mfu:.2g}, at least {time.sublayer_s * 1000:.2g} ms/sublayer/step")
     guess = "" if lm or has_manifest else "; seq2seq lengths at the filter's limits (rough until encode has run)"
     fits = "fits" if all(r.fits for r in rows) else "DOES NOT FIT"
     return (f"{params_path}: {sum(r.runs for r in rows)} runs on {facts['device']} ({facts['peak_flops']:.3g} FLOP/s "
@@ -181,12 +194,12 @@ def main(argv: list[str] | None = None) -> None:
         reports = sorted(args.calibration.rglob("report.md"))
         facts = device_facts(args.device, args.mfu, reports, args.cpu_peak)
         manifest = read_manifest(args.shards)
-        rows, why = plan(params, manifest, args.device, facts["peak_flops"], facts["mfu"], facts["step_s"],
-                         facts["memory_bytes"], args.shards)
+        rows, why = plan(params, manifest, args.device, facts["peak_flops"], facts["time"], facts["memory_bytes"],
+                         args.shards)
     except (ValueError, OSError) as exc:  # ParamsError and PlanError are ValueErrors
         raise SystemExit(f"plan: {str(exc).strip().splitlines()[0]}") from None
     if args.json:
-        print(json.dumps({"params": str(args.params), **facts, "lengths": why,
+        print(json.dumps({"params": str(args.params), **facts, "time": timing(facts["time"]), "lengths": why,
                           "rows": [asdict(r) for r in rows],
                           "total": {"runs": sum(r.runs for r in rows),
                                     "seconds": sum(r.seconds_per_run * r.runs for r in rows),

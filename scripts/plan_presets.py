@@ -11,6 +11,7 @@ planner's guess at the filter's limits, as for a user who has not run `dvc repro
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline.params import load_params
@@ -31,13 +32,13 @@ def preset_row(path: Path, cal, cpu_peak: float) -> str:
     device = GPU_PRESETS.get(path.stem, "cpu")
     if device == "cpu":
         peak, capacity = cpu_peak, None
-        how = f"the committed CPU studies' machine: {peak:.3g} FLOP/s × MFU {cal.mfu:.2g} + {cal.step_s * 1000:.2g} ms/step"
-        rows, _ = plan(params, None, "cpu", peak, cal.mfu, cal.step_s, capacity=0)  # no RAM: not this machine's
+        how = f"the committed CPU studies' machine: {peak:.3g} FLOP/s, {cal.describe()}"
+        rows, _ = plan(params, None, "cpu", peak, cal, capacity=0)  # no RAM: not this machine's
     else:
         name, capacity = GPUS[device]
         peak = gpu_peak(name)
-        how = f"one {name}: {peak:.3g} FLOP/s × MFU {DEFAULT_MFU}, ≥ {cal.step_s * 1000:.2g} ms/step"
-        rows, _ = plan(params, None, device, peak, DEFAULT_MFU, cal.step_s, capacity)
+        how = f"one {name}: {peak:.3g} FLOP/s × MFU {DEFAULT_MFU}, ≥ {cal.sublayer_s * 1000:.2g} ms per sublayer per step"
+        rows, _ = plan(params, None, device, peak, replace(cal, mfu=DEFAULT_MFU), capacity)
     per_run = sorted(r.seconds_per_run for r in rows)
     low, high = fmt_time(per_run[0]), fmt_time(per_run[-1])
     biggest = max(r.memory["total"] for r in rows)

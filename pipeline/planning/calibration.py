@@ -1,9 +1,19 @@
-"""The CPU time model, fitted to the committed studies: wall = steps x step_s + FLOPs / (peak x mfu).
+"""The CPU time model, fitted to the committed studies:
 
-Small models on a CPU are bound by a fixed cost per optimizer step as much as by FLOPs, so one MFU
-cannot describe them all. The measured walls come from the committed report.md files (reports/ and
-reports/studies/*/): their training-cost and per-run tables are what the report stage wrote from each
-run's train.json, the only record of the runs that git keeps.
+    wall = steps x (sublayers x sublayer_s + activation bytes / bytes_per_s) + FLOPs / (peak x mfu)
+
+A small model on a CPU is bound by three costs, not one: the matmuls (FLOPs at some fraction of
+the peak), the memory-bound work around them (norms, softmax over the attention scores, the
+elementwise ops: bytes, proportional to what one step keeps for backward), and a fixed cost per
+sublayer per step (Python, dispatch, the optimizer's per-tensor loops). A per-step constant and
+one MFU, the model before this one, put the default study 40% under its measured wall and
+TinyStories 50% over.
+
+The measured walls come from the committed report.md files (reports/ and reports/studies/*/):
+their training-cost and per-run tables are what the report stage wrote from each run's train.json,
+the only record of the runs that git keeps. A run is described by the params.yaml beside its
+report (or, for the workspace's reports/report.md, the one above it), checked against the report's
+own parameter counts so that an edited params.yaml is never paired with an older report.
 """
 from __future__ import annotations
 
@@ -13,23 +23,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.params import load_params, resolve_variant
-from pipeline.planning.estimate import PlanError, meta_model, task_of, tokenizer_ids
+from pipeline.planning.estimate import PlanError, activation_bytes, meta_model, sublayers, task_of, tokenizer_ids
 from pipeline.train import flops_per_target_token
 
 
 @dataclass
 class Calibration:
-    """CPU time model: wall = steps x step_s + FLOPs / (peak x mfu), fitted to measured runs."""
-    step_s: float
+    """CPU time model (module docstring), fitted to measured runs."""
     mfu: float
+    sublayer_s: float  # seconds per sublayer per optimizer step
+    bytes_per_s: float  # activation bytes (of one step's saved tensors) handled per second; inf: no such term
     runs: int  # measured variants (one wall each) the fit used
     source: str
 
+    def step_s(self, n_sublayers: int, act_bytes: float) -> float:
+        """The per-step cost besides the FLOPs: fixed work per sublayer and memory-bound work."""
+        return n_sublayers * self.sublayer_s + act_bytes / self.bytes_per_s
+
+    def cpu_seconds(self, steps: int, n_sublayers: int, act_bytes: float, flops: float, peak: float) -> float:
+        return steps * self.step_s(n_sublayers, act_bytes) + flops / (peak * self.mfu)
+
+    def describe(self) -> str:
+        traffic = "" if self.bytes_per_s == float("inf") else f" + activation bytes / {self.bytes_per_s:.3g} B/s"
+        return f"steps x ({self.sublayer_s * 1e3:.3g} ms per sublayer{traffic}) + FLOPs / (peak x MFU {self.mfu:.3g})"
+
 
 # Seeds of one variant do the same work, so their walls should agree. Where other jobs shared the
-# cores during a run they do not (the default study's committed per-run table has one configuration
-# at 5.6 s and at 68 s): a variant's wall is the median of its seeds' when another seed agrees with
-# it within this fraction, and the variant is left out when none does (it measured the load).
+# cores during a run they do not (an earlier default report had one configuration at 5.6 s and at
+# 68 s): a variant's wall is the median of its seeds' when another seed agrees with it within this
+# fraction, and the variant is left out when none does (it measured the load).
 SEED_AGREEMENT = 0.10
 
 
@@ -67,8 +89,8 @@ def number(cell: str) -> float:
 
 def measured_runs(report: Path) -> list[dict]:
     """The variants of one committed report as its training-cost table gives them: steps, tokens,
-    tokens/s, MFU, FLOPs per token where the table has the column, and the wall (`seed_wall` of
-    the per-run table where there is one, else the mean over seeds)."""
+    tokens/s, MFU, FLOPs per token and mean batch where the table has the columns, and the wall
+    (`seed_wall` of the per-run table where there is one, else the mean over seeds)."""
     text = report.read_text(encoding="utf-8")
     walls: dict[str, list[float]] = {}
     for r in markdown_table(text, "Per-run values"):
@@ -78,15 +100,19 @@ def measured_runs(report: Path) -> list[dict]:
     for r in markdown_table(text, "Training cost"):
         if not r.get("device", "").startswith("cpu") or r.get("MFU") in (None, "—", ""):
             continue
-        if CONTENDED in r.get("wall time (s)", "") + r.get("tokens/s", ""):
-            continue  # the report marks a timing taken while the load exceeded the run's cores
+        if CONTENDED in r.get("wall time (s)", "") + r.get("tokens/s", "") and (
+                r.get("others' CPU (max)", "—") != "—" or r["variant"] not in walls):
+            continue  # the report measured other processes' CPU use during the run and marks it contended
+        # Marked by the load average alone (runs recorded before the direct measure), which also
+        # counts the run's own threads (a quiet 2-thread run on 2 cores read 2.5-3): the seeds'
+        # agreement decides, as for unmarked runs.
         wall = seed_wall(walls[r["variant"]]) if r["variant"] in walls else number(r["wall time (s)"])
         if wall is None:
             continue
         fpt = number(r["FLOPs / target token"]) if r.get("FLOPs / target token") else None
         out.append({"variant": r["variant"], "steps": number(r["steps"]), "tokens": number(r["tokens trained"]),
-                    "wall_s": wall, "tokens_per_s": number(r["tokens/s"]),
-                    "mfu": number(r["MFU"]), "flops_per_token": fpt})
+                    "wall_s": wall, "tokens_per_s": number(r["tokens/s"].replace(CONTENDED, "")),
+                    "mfu": number(r["MFU"]), "flops_per_token": fpt, "batch": mean_batch(r.get("mean batch"))})
     return out
 
 
@@ -100,38 +126,123 @@ def reference_peak(reports: list[Path]) -> float:
     return statistics.median(peaks)
 
 
-def study_points(report: Path) -> list[tuple[float, float, float]]:
-    """(steps, training FLOPs, wall s) for each usable variant of one committed report.
+@dataclass
+class Point:
+    """One measured variant: what the time model reads, and its wall."""
+    study: str
+    variant: str
+    steps: float
+    sublayers: int
+    act_bytes: float  # saved activations of the mean batch
+    flops: float
+    wall_s: float
 
-    A table without FLOPs per token (reports older than that column) gets them from the params.yaml
-    beside it where that needs no data (language modelling); seq2seq rows without them are skipped."""
-    points, params = [], None
+
+def report_params(report: Path):
+    """The params.yaml that made `report`: beside it, else the workspace's one folder up; None if neither."""
+    for path in (report.parent / "params.yaml", report.parent.parent / "params.yaml"):
+        if path.is_file():
+            return load_params(path)
+    return None
+
+
+BODY = ("attention", "ffn", "norms", "other")  # the parameter counts the vocabulary does not change
+
+
+def parameter_counts(text: str) -> dict[str, dict[str, int]]:
+    """{variant: {component: count}} from the report's parameter table."""
+    return {r["variant"]: {k: int(number(r[k])) for k in (*BODY, "embeddings")}
+            for r in markdown_table(text, "Parameters by component") if all(r.get(k) for k in (*BODY, "embeddings"))}
+
+
+def matched_model(resolved: dict, params, variant: str, counts: dict | None):
+    """(config, meta model) of a reported variant: its params, at the vocabulary its embedding count
+    implies (a character vocabulary is known only from the data). None when the reported counts
+    of the layers differ: the params.yaml found is not the one that made the report."""
+    ids = tokenizer_ids(params, None)
+    cfg, model = meta_model(resolved, ids, variant)
+    if counts is None:
+        return cfg, model
+    have = model.param_counts()
+    if any(have[k] != counts[k] for k in BODY):
+        return None
+    if have["embeddings"] != counts["embeddings"]:
+        _, bigger = meta_model(resolved, {**ids, "vocab_size": ids["vocab_size"] + 1}, variant)
+        vocab, rest = divmod(counts["embeddings"] - have["embeddings"],
+                             bigger.param_counts()["embeddings"] - have["embeddings"])
+        vocab += ids["vocab_size"]
+        if rest or vocab <= max(ids["pad_id"], ids["bos_id"], ids["eos_id"]):
+            return None
+        cfg, model = meta_model(resolved, {**ids, "vocab_size": vocab}, variant)
+    return cfg, model
+
+
+def mean_batch(cell: str | None) -> tuple[float, float, float] | None:
+    """'24.3 × (17.1 + 19)' -> (24.3, 17.1, 19.0); '12 × 64' -> (12.0, 0.0, 64.0); None if absent."""
+    if not cell or cell == "—":
+        return None
+    nums = [float(x) for x in re.findall(r"[\d.]+(?:e[+-]?\d+)?", cell.replace(",", ""))]
+    return (nums[0], nums[1], nums[2]) if len(nums) == 3 else (nums[0], 0.0, nums[1]) if len(nums) == 2 else None
+
+
+def study_points(report: Path) -> list[Point]:
+    """The usable variants of one committed report.
+
+    A variant needs its params (checked against the report's parameter counts), its mean batch
+    (the cost table's column; a language model's is train.batch_size x train.context) and its
+    FLOPs (the cost table's FLOPs per target token, or for a language model the train stage's
+    formula, which needs no data). Seq2seq rows of reports older than those columns are skipped."""
+    params = report_params(report)
+    if params is None:
+        return []
+    text = report.read_text(encoding="utf-8")
+    counts = parameter_counts(text)
+    lm = task_of(params) == "language_modeling"
+    points = []
     for run in measured_runs(report):
-        fpt = run["flops_per_token"]
-        if fpt is None:
-            if params is None:
-                path = report.parent / "params.yaml"
-                params = load_params(path) if path.is_file() else False
-            if not params or task_of(params) != "language_modeling":
-                continue
-            resolved = resolve_variant(params, run["variant"])
-            cfg, model = meta_model(resolved, tokenizer_ids(params, None), run["variant"])
-            fpt = flops_per_target_token(model, cfg, 0.0, float(resolved["train"]["context"]))
-        points.append((run["steps"], fpt * run["tokens"], run["wall_s"]))
+        if run["variant"] not in params.ablations:
+            continue
+        resolved = resolve_variant(params, run["variant"])
+        tcfg = resolved["train"]
+        shape = run["batch"] or ((tcfg["batch_size"], 0.0, tcfg["context"]) if lm else None)
+        if shape is None or (run["flops_per_token"] is None and not lm):
+            continue
+        matched = matched_model(resolved, params, run["variant"], counts.get(run["variant"]))
+        if matched is None:
+            continue
+        cfg, model = matched
+        fpt = run["flops_per_token"] or flops_per_target_token(model, cfg, 0.0, float(tcfg["context"]))
+        points.append(Point(report.parent.name, run["variant"], run["steps"], sublayers(cfg),
+                            activation_bytes(model, cfg, *mean_shape(cfg, shape), False), fpt * run["tokens"],
+                            run["wall_s"]))
     return points
 
 
-def fit(points: list[tuple[float, float, float]], peak: float, source: str) -> Calibration:
-    """Least squares on relative error: wall ~ steps x step_s + FLOPs / (peak x mfu)."""
-    import numpy as np
+def mean_shape(cfg, shape: tuple[float, float, float]) -> tuple[int, int, int]:
+    """A mean batch as the whole rows and lengths a meta-device forward takes, within the model's max_len."""
+    rows, src, tgt = (max(0, round(x)) for x in shape)
+    tgt = min(max(1, tgt), cfg.max_len)
+    src = min(src, cfg.max_len if cfg.arch == "encoder_decoder" else max(0, cfg.max_len - tgt))
+    return max(1, rows), src, tgt
 
-    if len(points) < 2:
-        raise PlanError(f"{source}: fewer than two measured CPU runs to calibrate on")
-    a = np.array([[s / w, f / peak / w] for s, f, w in points])
-    (step_s, inv_mfu), *_ = np.linalg.lstsq(a, np.ones(len(points)), rcond=None)
-    if step_s < 0 or inv_mfu <= 0:  # not physical: keep the FLOPs term alone
-        step_s, inv_mfu = 0.0, float(np.mean([w * peak / f for _, f, w in points]))
-    return Calibration(float(step_s), float(1 / inv_mfu), len(points), source)
+
+def fit(points: list[Point], peak: float, source: str) -> Calibration:
+    """Least squares on relative error over the three terms of the time model, none negative and
+    the FLOPs never faster than the peak (MFU <= 1): tiny models alone could otherwise explain
+    their walls without FLOPs, and a plan for a large model would then cost nothing."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    if len(points) < 3:
+        raise PlanError(f"{source}: fewer than three measured CPU runs to calibrate on")
+    at_peak = np.array([p.flops / peak / p.wall_s for p in points])
+    if np.any(at_peak >= 1):
+        raise PlanError(f"{source}: a measured wall is shorter than its FLOPs at the peak ({peak:.3g} FLOP/s)")
+    a = np.array([[p.steps * p.sublayers / p.wall_s, p.steps * p.act_bytes / p.wall_s, p.flops / peak / p.wall_s]
+                  for p in points])
+    (per_sublayer, per_byte, slower), _ = nnls(a, 1 - at_peak)  # 1 / MFU = 1 + slower
+    return Calibration(float(1 / (1 + slower)), float(per_sublayer),
+                       float(1 / per_byte) if per_byte > 0 else float("inf"), len(points), source)
 
 
 def calibrate(reports: list[Path]) -> Calibration:

@@ -159,8 +159,8 @@ def budget_tokens(tcfg: dict, per_token: float) -> int:
 
 
 def planned_batches(split, manifest: dict, tcfg: dict, seed: int, per_token: float):
-    """(target tokens, steps, largest batch shape) of a seq2seq run on the encoded data: the train
-    stage's own batch plan (`trainer.plan_steps`), padding included."""
+    """(target tokens, steps, largest batch shape, mean batch shape) of a seq2seq run on the encoded
+    data: the train stage's own batch plan (`trainer.plan_steps`), padding included."""
     from pipeline.training import trainer
 
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
@@ -169,7 +169,15 @@ def planned_batches(split, manifest: dict, tcfg: dict, seed: int, per_token: flo
     steps, tokens = trainer.plan_steps(data, budget_tokens(tcfg, per_token), tcfg["budget_steps"], tcfg["grad_accum"])
     shapes = [(len(idx), max(len(split.src[i]) for i in idx), max(len(split.tgt[i]) for i in idx) + 1)
               for idx in data.epoch(0)]
-    return tokens, steps, max(shapes, key=lambda s: s[0] * (s[1] + s[2]))
+    mean = tuple(sum(s[k] for s in shapes) / len(shapes) for k in range(3))
+    return tokens, steps, max(shapes, key=lambda s: s[0] * (s[1] + s[2])), mean
+
+
+def sublayers(cfg) -> int:
+    """Attention and feed-forward sublayers per forward pass: the unit of the fixed per-step cost."""
+    if cfg.arch == "encoder_decoder":
+        return 2 * cfg.n_encoder_layers + 3 * cfg.n_decoder_layers  # decoder: self, cross, FFN
+    return 2 * cfg.n_decoder_layers
 
 
 def task_of(params: Params) -> str:
@@ -178,14 +186,18 @@ def task_of(params: Params) -> str:
     return source_task(params)
 
 
-def plan(params: Params, manifest: dict | None, device: str, peak: float, mfu: float, step_s: float,
-         capacity: int, shards: Path | None = None) -> tuple[list[Row], str]:
+def plan(params: Params, manifest: dict | None, device: str, peak: float, time, capacity: int,
+         shards: Path | None = None) -> tuple[list[Row], str]:
     """One Row per variant and scale point, and where the sequence lengths come from.
 
-    CPU: steps x `step_s` (the per-step cost) + FLOPs / (peak x MFU). GPU: the device computes while
-    the host prepares the next step's launches, so a step takes the longer of its FLOPs at peak x
-    MFU and `step_s`, the host's own work per step. With the encoded data (`manifest` and its
-    `shards`), a seq2seq run's steps, tokens and largest batch are the train stage's own plan."""
+    `time` is the time model (planning.calibration.Calibration; its `mfu` the one to use). CPU: its
+    `cpu_seconds`. GPU: the device computes while the host prepares the next step's launches, so a
+    step takes the longer of its FLOPs at peak x MFU and the host's fixed work per sublayer (the
+    memory-bound term is the CPU's: on a GPU it is part of what the MFU leaves out). With the
+    encoded data (`manifest` and its `shards`), a seq2seq run's steps, tokens and batches are the
+    train stage's own plan."""
+    from pipeline.planning.calibration import mean_shape
+
     lm = task_of(params) == "language_modeling"
     ids = tokenizer_ids(params, manifest)
     bf16 = device != "cpu"  # the train stage autocasts to bf16 on CUDA only
@@ -206,17 +218,19 @@ def plan(params: Params, manifest: dict | None, device: str, peak: float, mfu: f
             per_token = flops_per_target_token(model, cfg, mean_src, mean_tgt)
             if lm:
                 tokens, steps = tokens_and_steps(tcfg, per_token, mean_src, mean_tgt, lm)
-                shape = (tcfg["batch_size"], 0, tcfg["context"])
+                shape = mean = (tcfg["batch_size"], 0, tcfg["context"])
             elif split is not None:
-                tokens, steps, shape = planned_batches(split, manifest, tcfg, params.seeds[0], per_token)
+                tokens, steps, shape, mean = planned_batches(split, manifest, tcfg, params.seeds[0], per_token)
             else:
                 tokens, steps = tokens_and_steps(tcfg, per_token, mean_src, mean_tgt, lm)
-                shape = guessed_shape(cfg, tcfg, (longest_src, longest_tgt))
+                shape = mean = guessed_shape(cfg, tcfg, (longest_src, longest_tgt))
             flops = per_token * tokens
+            n = sublayers(cfg)
             if device == "cpu":
-                seconds = steps * step_s + flops / (peak * mfu)
+                act = activation_bytes(model, cfg, *mean_shape(cfg, mean), False)
+                seconds = time.cpu_seconds(steps, n, act, flops, peak)
             else:
-                seconds = max(flops / (peak * mfu), steps * step_s)
+                seconds = max(flops / (peak * time.mfu), steps * n * time.sublayer_s)
             mem = memory(model, cfg, shape, bf16)
             rows.append(Row(variant, scale, model.param_counts()["total"], per_token, tokens, steps,
                             per_point if scale is None else len(params.seeds), seconds, mem,
