@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.params import load_params, resolve_variant
-from pipeline.planning.estimate import PlanError, activation_bytes, meta_model, sublayers, task_of, tokenizer_ids
+from pipeline.planning.estimate import (PlanError, activation_bytes, mean_shape, meta_model, sublayers, task_of,
+                                       tokenizer_ids)
 from pipeline.train import flops_per_target_token
 
 
@@ -216,14 +217,6 @@ def study_points(report: Path) -> list[Point]:
                             activation_bytes(model, cfg, *mean_shape(cfg, shape), False), fpt * run["tokens"],
                             run["wall_s"]))
     return points
-
-
-def mean_shape(cfg, shape: tuple[float, float, float]) -> tuple[int, int, int]:
-    """A mean batch as the whole rows and lengths a meta-device forward takes, within the model's max_len."""
-    rows, src, tgt = (max(0, round(x)) for x in shape)
-    tgt = min(max(1, tgt), cfg.max_len)
-    src = min(src, cfg.max_len if cfg.arch == "encoder_decoder" else max(0, cfg.max_len - tgt))
-    return max(1, rows), src, tgt
 
 
 def fit(points: list[Point], peak: float, source: str) -> Calibration:

@@ -173,6 +173,14 @@ def planned_batches(split, manifest: dict, tcfg: dict, seed: int, per_token: flo
     return tokens, steps, max(shapes, key=lambda s: s[0] * (s[1] + s[2])), mean
 
 
+def mean_shape(cfg, shape: tuple[float, float, float]) -> tuple[int, int, int]:
+    """A mean batch as the whole rows and lengths a meta-device forward takes, within the model's max_len."""
+    rows, src, tgt = (max(0, round(x)) for x in shape)
+    tgt = min(max(1, tgt), cfg.max_len)
+    src = min(src, cfg.max_len if cfg.arch == "encoder_decoder" else max(0, cfg.max_len - tgt))
+    return max(1, rows), src, tgt
+
+
 def sublayers(cfg) -> int:
     """Attention and feed-forward sublayers per forward pass: the unit of the fixed per-step cost."""
     if cfg.arch == "encoder_decoder":
@@ -196,8 +204,6 @@ def plan(params: Params, manifest: dict | None, device: str, peak: float, time, 
     memory-bound term is the CPU's: on a GPU it is part of what the MFU leaves out). With the
     encoded data (`manifest` and its `shards`), a seq2seq run's steps, tokens and batches are the
     train stage's own plan."""
-    from pipeline.planning.calibration import mean_shape
-
     lm = task_of(params) == "language_modeling"
     ids = tokenizer_ids(params, manifest)
     bf16 = device != "cpu"  # the train stage autocasts to bf16 on CUDA only
