@@ -232,12 +232,12 @@ def plan(params: Params, manifest: dict | None, device: str, peak: float, time, 
                 shape = mean = guessed_shape(cfg, tcfg, (longest_src, longest_tgt))
             flops = per_token * tokens
             n = sublayers(cfg)
-            if device == "cpu":
-                act = activation_bytes(model, cfg, *mean_shape(cfg, mean), False)
+            mem = memory(model, cfg, shape, bf16)
+            if device == "cpu":  # float32: a language model's mean batch is the one memory traced
+                act = mem["activations"] if mean == shape else activation_bytes(model, cfg, *mean_shape(cfg, mean), False)
                 seconds = time.cpu_seconds(steps, n, act, flops, peak)
             else:
                 seconds = max(flops / (peak * time.mfu), steps * n * time.sublayer_s)
-            mem = memory(model, cfg, shape, bf16)
             rows.append(Row(variant, scale, model.param_counts()["total"], per_token, tokens, steps,
                             per_point if scale is None else len(params.seeds), seconds, mem,
                             mem["total"] <= capacity))
