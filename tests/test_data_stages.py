@@ -10,7 +10,8 @@ import pytest
 import sentencepiece as spm
 
 from pipeline.encode import encode
-from pipeline.filter import count_tokens, filter_splits
+from pipeline.filter import filter_splits
+from pipeline.filtering.lengths import count_tokens
 from pipeline.params import FilterParams
 from pipeline.sources.synthetic import generate
 

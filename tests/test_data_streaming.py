@@ -8,21 +8,23 @@ import pandas as pd
 import pytest
 
 import pipeline.filter as flt
+from pipeline.filtering import tables
+from pipeline.filtering.lengths import Histogram, percentiles
 from pipeline.params import FilterParams
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 1000])
 def test_percentiles_from_histogram_equal_numpy(n):
     rng = np.random.default_rng(n)
-    for high in (5, 300, 3 * flt.Histogram.DENSE):  # the last puts values in the sparse part
+    for high in (5, 300, 3 * Histogram.DENSE):  # the last puts values in the sparse part
         lengths = rng.integers(0, high, size=n)
-        hist = flt.Histogram()
+        hist = Histogram()
         for part in np.array_split(lengths, 3):
             hist.add(part)
         q = np.percentile(lengths, [50, 90, 99])
-        assert flt.percentiles(hist) == {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
+        assert percentiles(hist) == {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
                                          "max": float(lengths.max())}
-    assert flt.percentiles(flt.Histogram())["p50"] is None
+    assert percentiles(Histogram())["p50"] is None
 
 
 def raw_frames(n: int = 600) -> dict[str, pd.DataFrame]:
@@ -49,8 +51,8 @@ def test_shuffled_carve_keeps_the_permuted_order_when_train_spills_to_buckets(mo
     frames["train"].to_parquet(raw / "train.parquet")
     # A few kB a bucket and a row group: train is carved through ~10 bucket files, written in
     # several row groups.
-    monkeypatch.setattr(flt, "ROW_GROUP_BYTES", 2000)
-    monkeypatch.setattr(flt, "BATCH_BYTES", 500)
+    monkeypatch.setattr(tables, "ROW_GROUP_BYTES", 2000)
+    monkeypatch.setattr(tables, "BATCH_BYTES", 500)
     stats = flt.filter_files(raw, tmp_path / "out", cfg)
     assert stats["carve"] == "shuffled"
     for split in flt.SPLITS:

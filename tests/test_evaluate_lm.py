@@ -19,7 +19,7 @@ from pipeline.encode import encode
 from pipeline.evaluate import continue_prompts, evaluate, lm_nats, lm_stream, pick_next
 from pipeline.params import EvaluateParams, TrainBpeParams
 from pipeline.scoring.metrics import task_metrics
-from pipeline.sources.formats import split_paragraphs
+from pipeline.sources.plain_text import split_paragraphs
 from pipeline.train_bpe import train_tokenizer
 from pipeline.training.batching import load_split, read_manifest
 

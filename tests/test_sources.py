@@ -14,8 +14,8 @@ import pytest
 
 from pipeline.sources import SOURCES, get_source
 from pipeline.sources.common import TASKS, write_raw
-from pipeline.sources.formats import split_paragraphs
 from pipeline.sources.http import ChecksumError, DownloadError, cache_path
+from pipeline.sources.plain_text import split_paragraphs
 from tests.fixtures.sources.server import closed_port_url, serve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sources"

@@ -13,7 +13,8 @@ and the downloaded (remote) sources also
         `RemoteFiles` checks them against the cache first and names the missing ones when offline.
 meta.json["task"] is authoritative (it is the only place `local` records its task).
 Shared by the sources: common (options, needed files, writing raw/), http (downloads with
-cache, checksum and resume), formats (readers of parquet, JSONL, CSV, text).
+cache, checksum and resume), text_io (opening text: gzip, UTF-8, bounded lines), formats (readers
+of parquet, JSONL, JSON, CSV) and plain_text (text cut into documents, parallel text).
 
 `SOURCES` maps name -> module and imports a module only when it is looked up, so importing this
 package has no side effects and one broken or missing source cannot break the others.

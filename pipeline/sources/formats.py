@@ -1,49 +1,33 @@
-"""Readers for the file formats the sources parse (parquet, jsonl, json, csv, plain text).
+"""Readers of the tabular formats the sources parse: parquet, JSON Lines, JSON and CSV.
 
 They read lazily and stop at `max_rows`, so capping a split never loads a multi-GB file, and their
-errors name the file (and line, record or column) at fault. Text formats may be gzip-compressed:
-`gz=None` tells it from the first bytes, and the file is decompressed as it is read. Text is
-UTF-8 (a leading byte-order mark is dropped); a bad byte is reported with its offset and line,
-never as a bare codec error.
-
-Memory is bounded by a chunk of text and the longest record, never by the file: text is read a
-chunk at a time and a record longer than `limit` characters (a file without line breaks, a
-misnamed binary) is an error naming the file and line. `progress` (pipeline.progress) is
-advanced by the bytes read.
+errors name the file (and line, record or column) at fault. The text formats are opened through
+pipeline.sources.text_io (gzip, UTF-8, bounded records); plain text cut into documents is
+pipeline.sources.plain_text.
 """
 from __future__ import annotations
 
-import codecs
 import csv
-import gzip
-import io
 import itertools
 import json
 import re
-import zlib
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-GZIP_MAGIC = b"\x1f\x8b"
+from pipeline.sources.text_io import chunks, iter_raw_lines, open_text, quote, too_long
+
 PARQUET_MAGIC = b"PAR1"  # at the start and at the end of every parquet file
-_CHUNK = 1 << 20
 NL = "\n"
 _BLANK = re.compile(r"[ \t\n\r]*")
 
 if TYPE_CHECKING:
     from pipeline.progress import Progress
-
-
-def head_bytes(path: Path, n: int = 4) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(n)
 
 
 def is_parquet(path: Path) -> bool:
@@ -54,112 +38,6 @@ def is_parquet(path: Path) -> bool:
         f.seek(-4, 2)
         return start == f.read(4) == PARQUET_MAGIC
 
-
-@contextmanager
-def open_text(path: Path, gz: bool | None = None, errors: str = "strict",
-              newline: str | None = None, progress: Progress | None = None) -> Iterator[TextIO]:
-    """`path` opened for streamed UTF-8 reading, through gzip when it is compressed.
-
-    gz None: tell it from the magic bytes. newline as for open(): None reads "\\r\\n" as "\\n";
-    "\\n" ends lines at "\\n" only; "" leaves line ends alone (CSV). progress: advanced by the
-    bytes of `path` read (compressed bytes for gzip), as `chunks` reads on.
-    """
-    if gz is None:
-        gz = head_bytes(path, 2) == GZIP_MAGIC
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the TextIOWrapper around it
-    body = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
-    # utf-8-sig: a byte-order mark (Notepad, Excel CSV) must not become part of the first value
-    f = io.TextIOWrapper(body, encoding="utf-8-sig", errors=errors, newline=newline)
-    f.progress, f.raw_file, f.read_pos = progress, raw, 0  # for `chunks`
-    # The errors are checked against this file's own bytes before they are blamed on it: with
-    # two files open (parallel text) the error may come from the other one.
-    try:
-        with f, raw:
-            yield f
-    except UnicodeDecodeError:
-        bad = _first_bad_byte(path, gz)
-        if bad is None:
-            raise
-        raise ValueError(f"{path}: not UTF-8 text ({bad})") from None
-    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-        if not gz:
-            raise
-        lines = _gzip_readable_lines(path)
-        if lines is None:
-            raise
-        raise ValueError(f"{path}: corrupt or truncated gzip file ({err}; it breaks off after "
-                         f"line {lines} of the decompressed text)") from None
-
-
-def chunks(f: TextIO, size: int = _CHUNK) -> Iterator[str]:
-    """The text of a file from open_text, `size` characters at a time (memory: one chunk)."""
-    while True:
-        chunk = f.read(size)
-        if f.progress is not None:
-            pos = f.raw_file.tell()
-            f.progress.update(pos - f.read_pos)
-            f.read_pos = pos
-        if not chunk:
-            return
-        yield chunk
-
-
-def too_long(path: Path, what: str, limit: int) -> ValueError:
-    """A record over the limit: reading on would hold an unbounded amount of text."""
-    return ValueError(f"{path}: {what} is longer than {limit:,} characters (a file without line "
-                      f"breaks, or the wrong format?); raise data.local.max_record_chars if it is "
-                      f"meant to be one record")
-
-
-def iter_raw_lines(f: TextIO, path: Path, limit: int | None = None) -> Iterator[str]:
-    """The lines of a file from open_text, without their "\\n" (a last line without one counts
-    too, as `for line in f` and `wc -l` + 1 see it). A line longer than `limit` characters is
-    an error naming the line, found while reading: memory stays bounded by `limit`.
-    """
-    tail, lineno = "", 0
-    for chunk in chunks(f):
-        parts = (tail + chunk).split("\n") if tail else chunk.split("\n")
-        tail = parts.pop()
-        if limit is not None and (len(tail) > limit or (parts and max(map(len, parts)) > limit)):
-            at = next((i for i, p in enumerate(parts) if len(p) > limit), len(parts))
-            raise too_long(path, f"line {lineno + at + 1}", limit)
-        lineno += len(parts)
-        yield from parts
-    if tail:
-        yield tail
-
-
-def _first_bad_byte(path: Path, gz: bool) -> str | None:
-    """Where UTF-8 decoding fails, found by rescanning the raw bytes a chunk at a time (on the
-    error path only: TextIOWrapper's error gives an offset into some internal chunk, not into
-    the file), with its 1-based line as an editor shows it."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset, lines = 0, 0
-    where = " of the decompressed data" if gz else ""
-    with (gzip.open if gz else open)(path, "rb") as f:
-        for chunk in itertools.chain(iter(lambda: f.read(_CHUNK), b""), [None]):
-            pending = decoder.getstate()[0]  # bytes of a character cut by the last chunk
-            try:
-                decoder.decode(chunk or b"", final=chunk is None)
-            except UnicodeDecodeError as err:  # err.object is the pending bytes + this chunk
-                at = offset - len(pending) + err.start
-                line = lines + err.object.count(b"\n", len(pending), err.start) + 1
-                return f"byte 0x{err.object[err.start]:02x} at offset {at}{where}, line {line}"
-            offset += len(chunk or b"")
-            lines += (chunk or b"").count(b"\n")
-    return None
-
-
-def _gzip_readable_lines(path: Path) -> int | None:
-    """How many lines of a damaged gzip file decompress (None: it decompresses fine)."""
-    lines = 0
-    try:
-        with gzip.open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                lines += chunk.count(b"\n")
-    except (EOFError, zlib.error, gzip.BadGzipFile):
-        return lines
-    return None
 
 
 def _file_progress(progress: Progress | None, size: int, done: float, fraction: float) -> float:
@@ -254,16 +132,6 @@ def iter_jsonl(path: Path, gz: bool | None = None, limit: int | None = None,
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
                                  f"{type(row).__name__}{hint}")
             yield row
-
-
-def quote(text: str, n: int = 80) -> str:
-    """`text` for an error message: repr'd, cut to about n characters."""
-    return repr(text) if len(text) <= n else repr(text[:n]) + f"... ({len(text):,} characters)"
-
-
-def cut(text: str, n: int = 80) -> str:
-    """`text` (already printable, e.g. a repr) cut to about n characters for an error message."""
-    return text if len(text) <= n else text[:n] + f"... ({len(text):,} characters)"
 
 
 def read_jsonl(path: Path, max_rows: int | None = None) -> list[dict]:
@@ -394,125 +262,3 @@ def _unclosed_quote_line(path: Path, gz: bool | None) -> int:
         except csv.Error:
             pass
     return start
-
-
-def split_paragraphs(text: str) -> list[str]:
-    """Blocks separated by blank lines, stripped, empties dropped."""
-    return [b.strip() for b in re.split(r"\n[ \t]*\n", text) if b.strip()]
-
-
-_BLANK_LINE = re.compile(r"\n[ \t]*\n")
-
-
-def paragraph_batches(path: Path, gz: bool | None = None, limit: int | None = None,
-                      progress: Progress | None = None) -> Iterator[list[str]]:
-    """split_paragraphs of a file, streamed: a list of documents per chunk read (a line of spaces
-    and tabs is blank; no per-document Python)."""
-    with open_text(path, gz, progress=progress) as f:
-        tail = ""
-        for chunk in chunks(f):
-            # the text after the last blank line may go on in the next chunk: it is split again
-            # with it (a blank line cut by the chunk boundary is found then too)
-            *docs, tail = _BLANK_LINE.split(tail + chunk)
-            _check_lens(docs, tail, path, limit, "a paragraph")
-            yield [d for d in map(str.strip, docs) if d]
-        doc = tail.strip()
-        if doc:
-            yield [doc]
-
-
-def _check_lens(docs: list[str], tail: str, path: Path, limit: int | None, what: str) -> None:
-    if limit is not None and (len(tail) > limit or (docs and max(map(len, docs)) > limit)):
-        _check_len(tail, path, limit, what)
-        for doc in docs:
-            _check_len(doc, path, limit, what)
-
-
-def _check_len(text: str, path: Path, limit: int | None, what: str) -> None:
-    if limit is not None and len(text) > limit:
-        raise too_long(path, f"{what} (starting {quote(text.lstrip()[:40])})", limit)
-
-
-def line_batches(path: Path, gz: bool | None = None, limit: int | None = None,
-                 progress: Progress | None = None) -> Iterator[list[str]]:
-    """The non-blank lines of a file, stripped: a list per chunk read."""
-    # newline="\n": a line is what ends in "\n" (as `wc -l` counts): a stray "\r" does not split it
-    with open_text(path, gz, newline="\n", progress=progress) as f:
-        tail, lineno = "", 0
-        for chunk in chunks(f):
-            *lines, tail = (tail + chunk).split("\n")
-            if limit is not None and (len(tail) > limit or (lines and max(map(len, lines)) > limit)):
-                at = next((i for i, line in enumerate(lines) if len(line) > limit), len(lines))
-                raise too_long(path, f"line {lineno + at + 1}", limit)
-            lineno += len(lines)
-            yield [s for s in map(str.strip, lines) if s]
-        tail = tail.strip()
-        if tail:
-            yield [tail]
-
-
-def read_text(path: Path, gz: bool | None = None, limit: int | None = None,
-              progress: Progress | None = None) -> str:
-    parts, n = [], 0
-    with open_text(path, gz, progress=progress) as f:
-        for chunk in chunks(f):
-            n += len(chunk)
-            if limit is not None and n > limit:
-                raise too_long(path, "the file (documents: file)", limit)
-            parts.append(chunk)
-    return "".join(parts)
-
-
-def iter_parallel(source: Path, target: Path, gz: tuple[bool | None, bool | None] = (None, None),
-                  limit: int | None = None, progress: Progress | None = None
-                  ) -> Iterator[tuple[str, str]]:
-    """Line-aligned parallel text: line i of `source` goes with line i of `target`.
-
-    Lines end at "\\n" only (a stray "\\r" or U+2028 inside a sentence must not shift every pair
-    after it) and lose just their "\\n" or "\\r\\n"; empty lines are kept, they hold a place.
-    A file with fewer lines is an error once it runs out, after counting the other to its end.
-    """
-    with open_text(source, gz[0], newline="\n", progress=progress) as fs, \
-            open_text(target, gz[1], newline="\n", progress=progress) as ft:
-        lines = aligned(iter_raw_lines(fs, source, limit), iter_raw_lines(ft, target, limit),
-                        lambda n_s, n_t: f"{source} has {n_s} lines but {target} has {n_t}; "
-                                         f"parallel files must have one line per example, in the same order")
-        for s, t in lines:
-            yield _chomp(s), _chomp(t)
-
-
-def aligned(left: Iterator, right: Iterator, mismatch: Callable[[int, int], str]) -> Iterator[tuple]:
-    """(a, b) pairs of two streams that must be equally long (their items never None). When one
-    runs out first, the other is counted to its end and ValueError(mismatch(len left, len right))
-    is raised: the message can say how far apart the two files are, not just that they differ."""
-    n = 0
-    for a, b in itertools.zip_longest(left, right):
-        if a is None or b is None:
-            raise ValueError(mismatch(n + (a is not None) + sum(1 for _ in left),
-                                      n + (b is not None) + sum(1 for _ in right)))
-        yield a, b
-        n += 1
-
-
-def _chomp(line: str) -> str:
-    return line[:-1] if line.endswith("\r") else line
-
-
-def delimited_batches(path: Path, separator: str, drop_tail: bool = False, gz: bool | None = None,
-                      errors: str = "replace", limit: int | None = None,
-                      progress: Progress | None = None) -> Iterator[list[str]]:
-    """Documents of a text file separated by `separator`: a list per chunk read.
-
-    drop_tail: skip the text after the last separator (the file was cut, e.g. by max_bytes, so the
-    last document is incomplete). errors="replace" (the default): a file cut at a byte limit may
-    end inside a multi-byte character; "strict" reports a bad byte as not UTF-8.
-    """
-    tail = ""
-    with open_text(path, gz, errors=errors, progress=progress) as f:
-        for chunk in chunks(f):
-            *docs, tail = (tail + chunk).split(separator)
-            _check_lens(docs, tail, path, limit, "a document")
-            yield [d for d in map(str.strip, docs) if d]
-    doc = tail.strip()
-    if doc and not drop_tail:
-        yield [doc]

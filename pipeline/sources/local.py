@@ -75,14 +75,13 @@ from pydantic import BaseModel, ConfigDict, Discriminator, PositiveInt, Tag, fie
 
 from pipeline.progress import Progress
 from pipeline.sources.common import RawWriter, Split, parse_options, shown
-from pipeline.sources.formats import (
-    GZIP_MAGIC, PARQUET_MAGIC, cut, delimited_batches, head_bytes, is_parquet, iter_csv, iter_json, iter_jsonl,
-    iter_parallel, iter_parquet, line_batches, paragraph_batches, quote, read_text,
-)
+from pipeline.sources.formats import PARQUET_MAGIC, is_parquet, iter_csv, iter_json, iter_jsonl, iter_parquet
 from pipeline.sources.http import sha256_file
 from pipeline.sources.markup import (
     check_not_markup, tagged_documents, tagged_pairs, xml_documents, xml_pairs,
 )
+from pipeline.sources.plain_text import delimited_batches, iter_parallel, line_batches, paragraph_batches, read_text
+from pipeline.sources.text_io import GZIP_MAGIC, cut, head_bytes
 
 NAME = "local"
 task = None  # chosen by the `task` option; meta.json records it

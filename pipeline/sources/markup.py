@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.sources.formats import aligned, iter_raw_lines, open_text, quote
+from pipeline.sources.plain_text import aligned
+from pipeline.sources.text_io import iter_raw_lines, open_text, quote
 
 if TYPE_CHECKING:
     from pipeline.progress import Progress

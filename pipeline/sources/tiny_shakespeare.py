@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pipeline.sources.common import NeededFile, RemoteFiles, RemoteOptions, needed_file, parse_options, write_raw
-from pipeline.sources.formats import split_paragraphs
+from pipeline.sources.plain_text import split_paragraphs
 
 NAME = "tiny_shakespeare"
 task = "language_modeling"

@@ -18,7 +18,7 @@ from pydantic import Field, PositiveInt
 
 from pipeline.progress import Progress
 from pipeline.sources.common import NeededFile, RawWriter, RemoteFiles, RemoteOptions, Split, needed_file, parse_options
-from pipeline.sources.formats import delimited_batches
+from pipeline.sources.plain_text import delimited_batches
 
 NAME = "tinystories"
 task = "language_modeling"
