@@ -46,7 +46,7 @@ def main() -> None:
     cfg = model_config(settings["model"], tok, "model")
     if cfg.arch == "encoder_decoder":
         raise SystemExit("knockout_cost: language-modelling presets only (the default study's cost is measured "
-                         "by running it: README, Knock-outs)")
+                         "by running it: docs/fair-comparisons-and-knockouts.md, Knock-outs)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     from model import build_model

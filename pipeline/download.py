@@ -139,7 +139,7 @@ def raw_metrics(raw_dir: Path, source: str, options: dict, stats: dict[str, Text
                        f"documents (stories) at a single newline and paragraphs at blank lines, "
                        f"documents: paragraph joins the end of one to the start of the next: use "
                        f"documents: separator (e.g. <|endoftext|>) or line (one document a line); "
-                       f"README, local files")
+                       f"docs/datasets-and-presets.md, Which documents mode fits a text file")
             metrics["warnings"].append(warning)
             log.warning("download: %s", warning)
     return metrics

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="cpu: this machine's float32 peak (measured once, cached), or the one the committed "
                         "studies ran at (their machine; a measurement on a busy machine reads low)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    parser.add_argument("--brief", action="store_true", help="one line: runs, time, memory (the README's lines)")
+    parser.add_argument("--brief", action="store_true", help="one line: runs, time, memory")
     args = parser.parse_args(argv)
     try:
         if args.device not in (*GPUS, "cpu"):

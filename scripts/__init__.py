@@ -1,2 +1,2 @@
 """Repository upkeep run by hand or by run.sh, never by `dvc repro`: the GPU carry, the study
-runner and the README's table of committed studies."""
+runner and the docs' generated tables (committed studies, preset costs)."""

@@ -3,8 +3,8 @@
 # The preset runs in a scratch copy of the project (git + dvc initialised there), so the
 # workspace's params.yaml, data/ and dvc.lock are left as they are. Afterwards the report, the
 # params that made it and run.json (wall time, machine) replace reports/studies/PRESET/, and the
-# README's study table is regenerated from the committed files. STUDY_OUT=DIR puts the result in
-# DIR instead and leaves reports/studies/ and the README alone (`bash run.sh gpu` does this).
+# study table in docs/datasets-and-presets.md is regenerated from the committed files. STUDY_OUT=DIR puts
+# the result in DIR instead and leaves reports/studies/ and the docs alone (`bash run.sh gpu` does this).
 set -euo pipefail
 name=${1:?usage: bash run.sh study PRESET}
 root=$PWD

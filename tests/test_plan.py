@@ -242,7 +242,7 @@ def test_translation_preset_wall_within_tolerance():
 
 
 @pytest.mark.slow
-def test_readme_preset_costs_are_current():
+def test_docs_preset_costs_are_current():
     from scripts import plan_presets
 
     plan_presets.main(["--root", str(ROOT), "--check"])
@@ -251,7 +251,8 @@ def test_readme_preset_costs_are_current():
 def test_preset_costs_without_reports_is_one_line(tmp_path):
     from scripts import plan_presets
 
-    (tmp_path / "README.md").write_text(f"{plan_presets.BEGIN}\n{plan_presets.END}\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / plan_presets.PAGE).write_text(f"{plan_presets.BEGIN}\n{plan_presets.END}\n")
     with pytest.raises(SystemExit, match=r"^plan_presets: no committed report\.md") as info:
         plan_presets.main(["--root", str(tmp_path)])
     assert "\n" not in str(info.value)

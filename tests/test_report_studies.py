@@ -1,4 +1,5 @@
-"""The README's study table: generated from the committed reports, and stale tables caught."""
+"""The study table in docs/datasets-and-presets.md: generated from the committed reports, and stale
+tables caught."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,14 @@ from scripts import report_studies
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_committed_readme_table_matches_the_committed_reports():
+def page(root: Path) -> Path:
+    """Where the table lives under `root` (its folder made)."""
+    path = root / report_studies.PAGE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_the_committed_docs_table_matches_the_committed_reports():
     report_studies.main(["--root", str(ROOT), "--check"])
 
 
@@ -32,20 +40,20 @@ def write_study(root: Path, name: str, delta: float) -> None:
 
 
 def test_table_reads_every_number_from_the_study_files(tmp_path):
-    (tmp_path / "README.md").write_text(f"intro\n{report_studies.BEGIN}\nold\n{report_studies.END}\nrest\n")
+    page(tmp_path).write_text(f"intro\n{report_studies.BEGIN}\nold\n{report_studies.END}\nrest\n")
     write_study(tmp_path, "toy", 0.125)
     report_studies.main(["--root", str(tmp_path)])
-    text = (tmp_path / "README.md").read_text()
+    text = page(tmp_path).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| [toy]"))
-    assert "(reports/studies/toy/report.md)" in row and "| 2 × 3 |" in row
+    assert "(../reports/studies/toy/report.md)" in row  # relative to the page and "| 2 × 3 |" in row
     assert "1.5 ± 0.02 (reference 1.4857)" in row and "bits_per_char ↓ 2.25 ± 0.03" in row
     assert "no_positional +0.125 (p 0.012, worse)" in row and "12 min 34 s, cpu, 2 CPUs" in row
     assert text.startswith("intro\n") and text.endswith("\nrest\n") and "\nold\n" not in text
     report_studies.main(["--root", str(tmp_path), "--check"])  # now current
 
 
-def test_check_fails_when_a_report_changed_and_the_readme_did_not(tmp_path):
-    (tmp_path / "README.md").write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+def test_check_fails_when_a_report_changed_and_the_page_did_not(tmp_path):
+    page(tmp_path).write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
     write_study(tmp_path, "toy", 0.125)
     report_studies.main(["--root", str(tmp_path)])
     metrics = tmp_path / "reports" / "studies" / "toy" / "metrics.json"
@@ -55,12 +63,12 @@ def test_check_fails_when_a_report_changed_and_the_readme_did_not(tmp_path):
 
 
 def test_missing_markers_or_keys_are_one_line_errors(tmp_path):
-    (tmp_path / "README.md").write_text("no block here\n")
+    page(tmp_path).write_text("no block here\n")
     write_study(tmp_path, "toy", 0.125)
-    with pytest.raises(SystemExit, match=r"^report_studies: .*README\.md: no '<!-- studies:begin") as info:
+    with pytest.raises(SystemExit, match=r"^report_studies: .*datasets-and-presets\.md: no '<!-- studies:begin") as info:
         report_studies.main(["--root", str(tmp_path)])
     assert "\n" not in str(info.value)
-    (tmp_path / "README.md").write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    page(tmp_path).write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
     (tmp_path / "reports" / "studies" / "toy" / "run.json").write_text("{}")
     with pytest.raises(SystemExit, match=r"toy: missing key 'wall_s'"):
         report_studies.main(["--root", str(tmp_path)])
@@ -68,7 +76,7 @@ def test_missing_markers_or_keys_are_one_line_errors(tmp_path):
 
 def test_a_derived_main_metric_shows_the_test_it_comes_from(tmp_path):
     # bits_per_char is test_loss rescaled: the report gives it no test of its own (role "derived").
-    (tmp_path / "README.md").write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    page(tmp_path).write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
     write_study(tmp_path, "toy", 0.125)
     metrics = tmp_path / "reports" / "studies" / "toy" / "metrics.json"
     summary = json.loads(metrics.read_text())
@@ -79,16 +87,16 @@ def test_a_derived_main_metric_shows_the_test_it_comes_from(tmp_path):
                              "role": "secondary", "p_holm": 0.012}
     metrics.write_text(json.dumps(summary))
     report_studies.main(["--root", str(tmp_path)])
-    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| [toy]"))
+    row = next(line for line in page(tmp_path).read_text().splitlines() if line.startswith("| [toy]"))
     assert "no_positional +0.125 (test_loss p 0.004, worse)" in row
 
 
 def test_table_gives_the_reference_with_its_interval(tmp_path):
-    (tmp_path / "README.md").write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    page(tmp_path).write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
     write_study(tmp_path, "toy", 0.125)
     params_path = tmp_path / "reports" / "studies" / "toy" / "params.yaml"
     params = yaml.safe_load(params_path.read_text())
     params["report"]["reference"].update(value=1.9007, ci=0.011, n=3)
     params_path.write_text(yaml.safe_dump(params))
     report_studies.main(["--root", str(tmp_path)])
-    assert "1.5 ± 0.02 (reference 1.9007 ± 0.011, n=3)" in (tmp_path / "README.md").read_text()
+    assert "1.5 ± 0.02 (reference 1.9007 ± 0.011, n=3)" in page(tmp_path).read_text()

@@ -3,6 +3,13 @@
 Skipped where no Chromium is installed (Debian: `apt-get install chromium`). Each call gets a
 fresh browser profile, so nothing the MLflow UI remembers between visits (chosen columns, grouping,
 the workflow switch) changes what is seen: this is the page a first-time user gets.
+
+The README's two pictures are these tests' screenshots: with ABLATION_LAB_SCREENSHOTS=docs/img the
+tests also copy them there (report-first-screen.png: the committed default report;
+mlflow-compare-variants.png: the saved comparison view on the fixture runs), so they are remade,
+not drawn by hand:
+
+    ABLATION_LAB_SCREENSHOTS=docs/img bash run.sh test tests/test_screenshots.py
 """
 from __future__ import annotations
 
@@ -26,10 +33,13 @@ from pipeline.report import render_report
 from pipeline.reporting.mlflow_mirror import RunData, RunFiles, mirror_runs
 from pipeline.reporting.mlflow_view import VIEW_ID, VIEW_NAME
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
+from tests.tiny_project import ROOT
 
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no chromium binary on PATH")
 WIDTH, HEIGHT = 1280, 900
+# Where the README's pictures go when asked (a folder, relative to the repository root); unset: nowhere.
+KEEP = os.environ.get("ABLATION_LAB_SCREENSHOTS")
 
 
 def chromium(tmp_path: Path, url: str, *args: str, budget_ms: int = 15_000) -> str:
@@ -59,6 +69,14 @@ def assert_screenshot(png: Path) -> None:
         assert im.size == (WIDTH, HEIGHT)
         colours = im.convert("RGB").getcolors(maxcolors=1 << 16)  # None: more colours than that
     assert colours is None or len(colours) > 50, f"{png} is nearly blank ({len(colours)} colours)"
+
+
+def keep(png: Path, name: str) -> None:
+    """Copy a checked screenshot to $ABLATION_LAB_SCREENSHOTS/name (the README's pictures)."""
+    if KEEP:
+        folder = ROOT / KEEP
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(png, folder / name)
 
 
 @contextmanager
@@ -128,6 +146,7 @@ def test_mlflow_runs_page_shows_every_run_its_training_time_and_its_data(tmp_pat
     (tmp_path / "mlflow_view.html").write_text(view_dom)  # kept beside the screenshots, to read on a failure
     assert_screenshot(png)
     assert_screenshot(view_png)
+    keep(view_png, "mlflow-compare-variants.png")
     # Each training run is a row of its own: as children of the report run, the table would show
     # only a collapsed `report` row, and none of these names.
     texts = {t.strip() for t in re.findall(r">([^<>]+)<", dom)}
@@ -154,6 +173,19 @@ PROBE = ("<script>addEventListener('load', () => { const d = document.documentEl
          " document.body.setAttribute('data-figure', box(document.querySelector('figure img'))); });</script>")
 
 
+def first_screen(tmp_path: Path, page: str) -> tuple[int, int, int, int, int]:
+    """Layout of report.html's text `page` at 1280 x 900: (page width, window width, verdict top,
+    figure top, figure bottom) in px, once the embedded figures have loaded."""
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    dom = chromium(tmp_path, probe.as_uri(), "--dump-dom", budget_ms=5_000)
+    found = re.search(r'data-widths="(\d+) (\d+)"', dom)
+    assert found, "the probe script did not run"
+    verdict_top, _ = map(int, re.search(r'data-verdict="(-?\d+) (-?\d+)"', dom).groups())
+    figure_top, figure_bottom = map(int, re.search(r'data-figure="(-?\d+) (-?\d+)"', dom).groups())
+    return (*map(int, found.groups()), verdict_top, figure_top, figure_bottom)
+
+
 def test_report_html_at_1280_px_opens_on_verdict_and_figure_without_sideways_scrolling(tmp_path):
     p = make_project(tmp_path)
     samples = p.evals / "baseline-0" / "samples.json"
@@ -164,16 +196,9 @@ def test_report_html_at_1280_px_opens_on_verdict_and_figure_without_sideways_scr
     render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {"budget_tokens": 200_000}, out)
 
     page = (out / "report.html").read_text(encoding="utf-8")
-    probe = out / "probe.html"
-    probe.write_text(page.replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    dom = chromium(tmp_path, probe.as_uri(), "--dump-dom", budget_ms=5_000)
-    found = re.search(r'data-widths="(\d+) (\d+)"', dom)
-    assert found, "the probe script did not run"
-    scroll_width, window_width = map(int, found.groups())
+    scroll_width, window_width, verdict_top, figure_top, figure_bottom = first_screen(tmp_path, page)
     assert scroll_width <= window_width, "the page scrolls sideways: a table or figure is wider than the window"
     # The first screen (1280 x 900) holds the verdict and the whole Δ figure, above every table.
-    verdict_top, _ = map(int, re.search(r'data-verdict="(-?\d+) (-?\d+)"', dom).groups())
-    figure_top, figure_bottom = map(int, re.search(r'data-figure="(-?\d+) (-?\d+)"', dom).groups())
     assert 0 <= verdict_top < figure_top < figure_bottom <= HEIGHT, (verdict_top, figure_top, figure_bottom)
     assert 'src="data:image/png;base64,' in page[page.index("<figure>"):page.index("</figure>")]
     assert page.index("<figure>") < page.index("<table>")
@@ -181,3 +206,16 @@ def test_report_html_at_1280_px_opens_on_verdict_and_figure_without_sideways_scr
     png = tmp_path / "report.png"
     chromium(tmp_path, (out / "report.html").as_uri(), f"--screenshot={png}", budget_ms=5_000)
     assert_screenshot(png)
+
+
+def test_the_committed_default_report_opens_on_its_verdict_and_figure(tmp_path):
+    # The README's first picture: the default study's report as committed, not a fixture's.
+    report = ROOT / "reports" / "report.html"
+    page = report.read_text(encoding="utf-8")
+    scroll_width, window_width, verdict_top, figure_top, figure_bottom = first_screen(tmp_path, page)
+    assert scroll_width <= window_width, f"{report} scrolls sideways at {WIDTH} px"
+    assert 0 <= verdict_top < figure_top < figure_bottom <= HEIGHT, (verdict_top, figure_top, figure_bottom)
+    png = tmp_path / "report.png"
+    chromium(tmp_path, report.as_uri(), f"--screenshot={png}", budget_ms=5_000)
+    assert_screenshot(png)
+    keep(png, "report-first-screen.png")

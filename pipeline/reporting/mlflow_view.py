@@ -7,7 +7,7 @@ grouping, ...). There is no Python API for them, but a tag written in that form 
 "Save as new view" writes, so the view is listed in the runs page's views menu and opens at
 #/experiments/<id>/runs?viewStateShareKey=<id>. The format is the UI's, not a published schema:
 if a later MLflow reads it differently, the view is ignored (the runs are unaffected), and the
-README says which clicks give the same table by hand.
+docs (docs/tracking.md) say which clicks give the same table by hand.
 """
 from __future__ import annotations
 
