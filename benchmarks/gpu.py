@@ -201,7 +201,7 @@ def gpu_test_counts(log: str) -> dict:
     passed = [t for t, s in status.items() if s == "PASSED"]
     n = int(collected.group(1)) if collected else None
     return {"collected": n, "passed": len(passed), "failed": [t for t, s in status.items() if s in ("FAILED", "ERROR")],
-            "skipped": [t for t, s in status.items() if s == "SKIPPED"],
+            "skipped_tests": [t for t, s in status.items() if s == "SKIPPED"],
             "unfinished": [t for t in dict.fromkeys(started) if t not in status],
             "tests_not_passed": None if n is None else n - len(passed)}
 
