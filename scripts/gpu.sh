@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bash run.sh gpu [OUT.json]: the whole GPU path in one run (benchmarks/gpu.py says what it runs).
 # Without a CUDA device: one line, exit 0, nothing installed or run.
-# Each part's log (setup.log, tests.log, bench.log, study.log, recipe.log) and studies.tar.gz go
+# Each part's log (setup.log, tests.log, bench.log, recipe.log, study.log) and studies.tar.gz go
 # beside OUT.json, which is rewritten after every part, so a run cut short still reports.
 # Set-up, two ways:
 #  - an offline machine whose python3 already imports a CUDA torch (the lent device, where python3
