@@ -22,8 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from benchmarks.gpu import gpt_config
-from model import build_model
+from model import ModelConfig, build_model
+
+
+def gpt_config(vocab_size: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, context: int) -> ModelConfig:
+    """Our decoder-only model in GPT-2's shape: pre-norm, GELU, learned positions, tied head, no biases,
+    token embeddings not scaled by sqrt(d_model) (GPT-2 and both references do not scale them)."""
+    return ModelConfig(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_encoder_layers=0,
+                       n_decoder_layers=n_layers, d_ff=d_ff, dropout=0.0, max_len=context, arch="decoder_only",
+                       positional="learned", norm="layernorm", norm_position="pre", ffn="gelu", bias=False,
+                       tie_output=True, attention_impl="sdpa", scale_embeddings=False)
 
 
 class MinimalBlock(nn.Module):

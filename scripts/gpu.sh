@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
 # bash run.sh gpu [OUT.json]: the whole GPU path in one run (benchmarks/gpu.py says what it runs).
 # Without a CUDA device: one line, exit 0, nothing installed or run.
+# Each part's log (setup.log, tests.log, bench.log, recipe.log, study.log) and studies.tar.gz go
+# beside OUT.json, which is rewritten after every part, so a run cut short still reports.
 # Set-up, two ways:
-#  - a machine with a package index: run.sh's own .venv (pip's torch==2.13.0 is the CUDA build there);
-#  - an offline machine whose python3 already has a CUDA torch (the lent device): .venv-gpu sees
-#    that torch and installs what it lacks from wheels carried in .whl/, which
-#    `python scripts/gpu_carry.py` fetches here beforehand, with the corpus in .gpu-cache/.
-set -euo pipefail
-out=${1:-$PWD/gpu.json}
+#  - an offline machine whose python3 already imports a CUDA torch (the lent device, where python3
+#    is itself a venv's interpreter): scripts/gpu_env.sh makes that python3 see the wheels carried
+#    in .whl/ (`python scripts/gpu_carry.py` fetches them beforehand, with the corpus in .gpu-cache/);
+#  - any other CUDA machine with a package index: run.sh's own .venv (pip's torch is a CUDA build).
+set -uo pipefail
+out=$(realpath -m "${1:-$PWD/gpu.json}")
+logs=$(dirname "$out")
 if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "gpu: no CUDA device on this machine (nvidia-smi finds none); nothing run"
   exit 0
 fi
-if [ -d .whl ] && python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-  [ -x .venv-gpu/bin/python ] || python3 -m venv --system-site-packages .venv-gpu
-  # --no-deps: the carried set is exactly what the image lacks (gpu_carry.py resolved it)
-  .venv-gpu/bin/python -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile .whl/*.whl
-  export PATH="$PWD/.venv-gpu/bin:$PATH"
-else
-  bash run.sh setup
-  export PATH="$PWD/.venv/bin:$PATH"
-fi
+mkdir -p "$logs"
+start=$(date +%s.%N)
+rc=0
+{
+  if [ -d .whl ] && python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+    echo "set-up: $(command -v python3) imports a CUDA torch; adding the carried wheels of .whl/ to it"
+    timeout 120 bash scripts/gpu_env.sh python3 .whl .gpu-env || rc=$?
+    export PATH="$PWD/.gpu-env/bin:$PWD/.gpu-env/site/bin:$PATH"
+    export PYTHONPATH="$PWD/.gpu-env/site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    echo "set-up: run.sh's .venv from the package index"
+    bash run.sh setup || rc=$?
+    export PATH="$PWD/.venv/bin:$PATH"
+  fi
+  python -c 'import torch, dvc, mlflow; print("set-up: python", __import__("sys").executable, "torch", torch.__version__)' || rc=$?
+} > "$logs/setup.log" 2>&1
+setup_s=$(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 1))" "$start")
+echo "gpu: set-up took $setup_s s (exit $rc; $logs/setup.log)"
 [ -d .gpu-cache ] && export ABLATION_LAB_CACHE="$PWD/.gpu-cache"
 export PYTHONUNBUFFERED=1
-python -m benchmarks.gpu --out "$out"
+# `python` if set-up made one, else the image's own python3 records the failed set-up.
+py=$(command -v python || command -v python3)
+exec "$py" -m benchmarks.gpu --out "$out" --setup-s "$setup_s" --setup-exit "$rc" ${GPU_ARGS:-}

@@ -25,7 +25,8 @@ END = "<!-- plan:end -->"
 PAGE = "docs/scaling-out-and-cost-plan.md"
 # The full studies are GPU-scale (their entries in docs/datasets-and-presets.md): planned on the smaller-memory card named
 # there. Every other preset is a CPU recipe.
-GPU_PRESETS = {"cnn_dailymail": "4090", "tiny_shakespeare": "4090", "tinystories": "4090"}
+GPU_PRESETS = {"cnn_dailymail": "4090", "tiny_shakespeare": "4090", "tinystories": "4090",
+               "nanogpt_shakespeare_char_gpu": "h100"}  # nanoGPT's GPU recipe, as benchmarks/gpu.py runs it
 
 
 def preset_row(path: Path, cal, cpu_peak: float) -> str:

@@ -55,10 +55,18 @@ def test_kv_cache_decoding_matches_recomputation_on_cuda(monkeypatch):
 
 @pytest.mark.parametrize("compile_model", [False, True], ids=["eager", "compiled"])
 def test_training_on_cuda_in_bf16(tiny_shards, tmp_path, compile_model):
+    """Compiled, the length-bucketed batches of many shapes compile the step once (tests/test_compile.py
+    counts it on CPU; a second compilation here costs tens of seconds)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
     from pipeline.train import run
 
+    torch._dynamo.reset()
+    counters.clear()
     metrics = run(tiny_shards / "shards", "v", 0, resolved(device="cuda", compile=compile_model), "x",
                   tmp_path / "out", tmp_path / "ckpt")
+    assert counters["stats"]["unique_graphs"] == (1 if compile_model else 0)
     assert metrics["device"].startswith("cuda")
     assert 0 < metrics["val_loss"] < 10 and metrics["tokens_trained"] >= 3000
     info = json.loads((tmp_path / "out" / "train.json").read_text())

@@ -1,15 +1,22 @@
-"""`bash run.sh gpu` on CPU: the no-CUDA path, the 124M benchmark's FLOP count against a hand count,
-and the benchmarks and the stage timer run end to end at tiny shapes."""
+"""`bash run.sh gpu` on CPU: the no-CUDA path, the set-up on an image whose python3 is a venv's, the
+runner's per-part limits and reports (a fake part killed at its limit), the 124M benchmark's FLOP
+count against a hand count, and the benchmarks and the stage timer run end to end at tiny shapes."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
+import time
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks.gpu import GPT2_SMALL, TARGETS, ReferenceGPT, bench_gpt, flops_per_token, gpt_config, verdicts
+from benchmarks.gpu import TARGETS, Part, parse_limits, run_parts, gpu_test_counts, verdicts
+from benchmarks.gpu_bench import GPT2_SMALL, ReferenceGPT, bench_gpt, flops_per_token, gpt_config
 from benchmarks.stage_times import run as run_timed
 from benchmarks.stage_times import stage_times
 from model import build_model
@@ -24,7 +31,7 @@ def test_without_cuda_the_command_says_so_in_one_line_and_exits_0(tmp_path):
     proc = subprocess.run(["bash", "run.sh", "gpu", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == ["gpu: no CUDA device on this machine (nvidia-smi finds none); nothing run"]
-    assert not out.exists() and not (ROOT / ".venv-gpu").exists()
+    assert not out.exists() and not (ROOT / ".gpu-env").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")
@@ -59,21 +66,95 @@ def test_the_reference_has_our_models_parameters_and_computes_a_causal_loss():
 
 
 def test_the_benchmark_runs_end_to_end_at_a_tiny_shape_on_cpu():
-    out = bench_gpt(TINY, torch.device("cpu"), batch=2, steps=1, repeats=1, compile_models=False)
-    assert out["params"]["ours"] == out["params"]["reference"]
-    for name in ("ours_eager", "reference_eager"):
+    written = []
+    out = bench_gpt(TINY, torch.device("cpu"), batch=2, steps=1, repeats=1, compile_models=False,
+                    write=lambda o: written.append(json.loads(json.dumps(o))))
+    assert out["params"]["ours"] == out["params"]["reference"] == out["params"]["nanogpt_style"]
+    for name in ("ours_eager", "reference_eager", "nanogpt_style_eager"):
         assert out[name]["tokens_per_s"] > 0 and 0 < out[name]["mfu"]
     assert out["ours_over_reference_step"] == out["ours_over_reference_step_eager"] > 0
-    assert "mfu_compiled" not in out  # nothing compiled: no compiled figure is made up
+    assert out["ours_over_nanogpt_style_step"] == out["ours_over_nanogpt_style_step_eager"] > 0
+    assert "mfu_compiled" not in out and "compiled_over_eager_step" not in out  # nothing compiled: none made up
+    assert [w["phases_done"] for w in written] == [1]
 
 
 def test_verdicts_compare_each_figure_with_its_target_and_leave_missing_ones_open():
-    result = verdicts({"mfu_compiled": 0.5, "ours_over_reference_step": 0.95, "preset_wall_s": 300})
+    result = verdicts({"mfu_compiled": 0.5, "ours_over_reference_step": 0.95, "recipe_wall_s": 180,
+                       "recipe_val_loss": 1.47})
     assert result["mfu_compiled"]["met"] is True
     assert result["ours_over_reference_step"]["met"] is False
-    assert result["preset_wall_s"]["met"] is True  # <= 300
+    assert result["recipe_wall_s"]["met"] is True  # <= 180
+    assert result["recipe_val_loss"]["met"] is False  # nanoGPT's 1.4697
     assert result["compiled_over_eager_step"] == {"value": None, "target": "<= 0.8", "met": None}
     assert set(result) == set(TARGETS)
+
+
+def test_the_default_limits_and_deadline_fit_the_device_window():
+    from benchmarks.gpu import DEADLINE_S, LIMITS
+
+    assert list(LIMITS) == ["tests", "bench", "recipe", "study"]
+    assert TARGETS["setup_s"][1] + DEADLINE_S <= 9 * 60 - 5  # and a few seconds of start-up and summary
+    assert parse_limits("tests=5,recipe=7.5") == {**LIMITS, "tests": 5, "recipe": 7.5}
+    with pytest.raises(SystemExit, match="'bench' is not NAME=SECONDS"):
+        parse_limits("bench")
+
+
+def test_pytest_counts_come_from_the_verbose_lines_also_when_cut_mid_test():
+    log = ("collected 3 items\n\ntests/test_gpu.py::test_a[x] PASSED   [ 33%]\n"
+           "tests/test_gpu.py::test_b FAILED   [ 66%]\ntests/test_gpu.py::test_c[compiled] ")
+    counts = gpu_test_counts(log)
+    assert counts["passed"] == 1 and counts["failed"] == ["tests/test_gpu.py::test_b"]
+    assert counts["unfinished"] == ["tests/test_gpu.py::test_c[compiled]"]
+    assert counts["tests_not_passed"] == 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_part_past_its_limit_is_killed_with_its_tree_and_the_json_says_where(tmp_path):
+    """Three fake parts: one that reports figures, one that hangs past its limit (with a grandchild
+    in a session of its own), and one that reads the JSON while it runs."""
+    out = tmp_path / "run" / "gpu.json"
+    pid_file = tmp_path / "grandchild.pid"
+    hang = (f"import subprocess, sys, time; p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('warming up', flush=True); time.sleep(300)")
+    peek = f"print(open({str(out)!r}).read())"
+    parts = [Part("quick", [sys.executable, "-c", "print('quick ran')"],
+                  lambda log: {"mfu_compiled": 0.5, "seen": log.strip()}),
+             Part("hang", [sys.executable, "-c", hang], lambda log: {"stages_started": 1}),
+             Part("peek", [sys.executable, "-c", peek])]
+    start = time.monotonic()
+    result = run_parts(parts, {"quick": 30, "hang": 3, "peek": 30}, 120, out, {"figures": {"setup_s": 12.0}})
+    assert time.monotonic() - start < 30
+    hung = result["parts"]["hang"]
+    assert hung["cut"] is True and hung["limit_s"] == 3 and 3 <= hung["wall_s"] < 15
+    assert hung["log_tail"] == ["warming up"] and hung["stages_started"] == 1 and hung["cut_at_s"] >= 3
+    pid = int(pid_file.read_text())
+    for _ in range(50):
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pid), "the hung part's grandchild outlived it"
+    assert result["parts"]["quick"]["cut"] is False and result["parts"]["quick"]["seen"] == "quick ran"
+    assert result["targets"]["mfu_compiled"]["met"] is True and result["targets"]["setup_s"]["met"] is True
+    assert json.loads(out.read_text()) == result
+    assert sorted(p.name for p in out.parent.iterdir()) == ["gpu.json", "hang.log", "peek.log", "quick.log"]
+    # While "peek" ran, the JSON already held the parts before it and named the running one.
+    during = json.loads((out.parent / "peek.log").read_text())
+    assert during["running"]["part"] == "peek" and during["parts"]["hang"]["cut"] is True
+    assert during["figures"]["mfu_compiled"] == 0.5
+
+
+def test_parts_after_the_deadline_are_skipped_and_said_so(tmp_path):
+    out = tmp_path / "gpu.json"
+    parts = [Part("a", [sys.executable, "-c", "import time; time.sleep(60)"]), Part("b", [sys.executable, "-c", "pass"])]
+    result = run_parts(parts, {"a": 60, "b": 60}, 6, out, {})
+    assert result["parts"]["a"]["cut"] is True and result["parts"]["a"]["limit_s"] == 6
+    assert "deadline" in result["parts"]["b"]["skipped"]
 
 
 def test_stage_times_sum_each_stage_to_the_next_and_group_families():
@@ -99,3 +180,64 @@ def test_the_minimal_gpt_of_the_step_benchmark_has_our_shape_and_both_steps_run(
     assert built["params"]["ours"] == built["params"]["minimal"]
     built["step"]("ours")
     built["step"]("minimal")
+
+
+def _marker_wheel(folder: Path) -> Path:
+    """A one-module wheel with a console script, written by hand (no index, no build backend)."""
+    files = {"carried_marker/__init__.py": "def main():\n    print('carried ok')\n",
+             "carried_marker-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: carried-marker\nVersion: 1.0\n",
+             "carried_marker-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                   "Tag: py3-none-any\n",
+             "carried_marker-1.0.dist-info/entry_points.txt": "[console_scripts]\ncarried-marker = carried_marker:main\n"}
+    files["carried_marker-1.0.dist-info/RECORD"] = "".join(f"{name},,\n" for name in files) + \
+        "carried_marker-1.0.dist-info/RECORD,,\n"
+    folder.mkdir()
+    whl = folder / "carried_marker-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return whl
+
+
+def test_setup_reaches_the_packages_of_an_image_whose_python3_is_a_venvs(tmp_path):
+    """The lent GPU image's python3 is a venv's interpreter with torch in that venv. Here: a venv
+    (`image`) with a marker package standing in for torch; the set-up must leave a `python` that
+    imports both it and the carried wheels, and their console scripts on PATH."""
+    image = tmp_path / "image"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(image)], check=True)
+    site = Path(subprocess.run([str(image / "bin" / "python3"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "image_torch").mkdir()
+    (site / "image_torch" / "__init__.py").write_text("")
+    # pip, as the image has it, without the rest of this project's environment
+    import pip
+
+    (tmp_path / "pip_only").mkdir()
+    (tmp_path / "pip_only" / "pip").symlink_to(Path(pip.__file__).parent)
+    (site / "pip_only.pth").write_text(str(tmp_path / "pip_only") + "\n")
+    image_python = image / "bin" / "python3"
+    check = [str(image_python), "-c", "import image_torch"]
+    assert subprocess.run(check).returncode == 0
+
+    # The trap: a venv made from a venv's python builds on the base interpreter, without image_torch.
+    subprocess.run([str(image_python), "-m", "venv", "--system-site-packages", "--without-pip", str(tmp_path / "trap")],
+                   check=True)
+    trap = subprocess.run([str(tmp_path / "trap" / "bin" / "python"), "-c", "import image_torch"], capture_output=True)
+    assert trap.returncode != 0
+
+    wheels = _marker_wheel(tmp_path / "wheels").parent
+    dest = tmp_path / "gpu-env"
+    setup = subprocess.run(["bash", "scripts/gpu_env.sh", str(image_python), str(wheels), str(dest)], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert setup.returncode == 0, setup.stderr
+    env = {**os.environ, "PATH": f"{dest / 'bin'}:{dest / 'site' / 'bin'}:/usr/bin:/bin", "PYTHONPATH": str(dest / "site")}
+    probe = "import sys, image_torch, carried_marker; print(sys.prefix)"
+    proc = subprocess.run(["python", "-c", probe], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()) == image
+    script = subprocess.run(["carried-marker"], env=env, capture_output=True, text=True)
+    assert script.stdout.strip() == "carried ok", script.stderr
+    # A second set-up with the same wheels and python is a no-op.
+    stamp = (dest / ".stamp").stat().st_mtime_ns
+    assert subprocess.run(["bash", "scripts/gpu_env.sh", str(image_python), str(wheels), str(dest)], cwd=ROOT).returncode == 0
+    assert (dest / ".stamp").stat().st_mtime_ns == stamp

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "sources"
 PRESETS = ROOT / "presets"
 SEED_PRESETS = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "nanogpt_shakespeare_char",
-                "cnn_dailymail_cpu", "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu",
+                "nanogpt_shakespeare_char_gpu", "cnn_dailymail_cpu", "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu",
                 "multi30k_comparisons_cpu")
 FAST = {"timeout_s": 5.0, "retries": 1}
 # The task metric each preset exists to measure, as eval.json names it.
@@ -35,7 +35,7 @@ TASK_METRICS = {"cnn_dailymail": ("rouge1", "rouge2", "rougeL"), "iwslt2017": ("
                 "tiny_shakespeare": ("bits_per_char", "bits_per_byte"),
                 "tinystories": ("bits_per_char", "bits_per_byte"),
                 "nanogpt_shakespeare_char": ("bits_per_char", "bits_per_byte")}
-TASK_METRICS.update({"cnn_dailymail_cpu": TASK_METRICS["cnn_dailymail"], "multi30k_cpu": TASK_METRICS["iwslt2017"],
+TASK_METRICS.update({"nanogpt_shakespeare_char_gpu": TASK_METRICS["nanogpt_shakespeare_char"],"cnn_dailymail_cpu": TASK_METRICS["cnn_dailymail"], "multi30k_cpu": TASK_METRICS["iwslt2017"],
                      "tiny_shakespeare_cpu": TASK_METRICS["tiny_shakespeare"],
                      "tinystories_cpu": TASK_METRICS["tinystories"],
                      "multi30k_comparisons_cpu": TASK_METRICS["iwslt2017"]})
@@ -89,6 +89,7 @@ def serve_tinystories(root: Path) -> dict:
 SERVE = {"cnn_dailymail": ("cnn", serve_cnn), "iwslt2017": ("iwslt", serve_iwslt),
          "tiny_shakespeare": ("ts", serve_tiny_shakespeare), "tinystories": ("tiny", serve_tinystories),
          "nanogpt_shakespeare_char": ("ts", serve_tiny_shakespeare),
+         "nanogpt_shakespeare_char_gpu": ("ts", serve_tiny_shakespeare),
          "tiny_shakespeare_cpu": ("ts", serve_tiny_shakespeare)}
 
 
@@ -137,7 +138,7 @@ def shrink(params: dict, source_options: dict, cache: Path) -> dict:
         "data": {"cache_dir": str(cache), params["data"]["source"]: source_options},
         "model": {"d_model": 32, "d_ff": 64, "n_heads": min(model["n_heads"], 4),
                   "n_decoder_layers": min(model["n_decoder_layers"], 2), "dropout": 0.0},
-        "train": {"device": "cpu", "threads": 1, "budget_steps": 3, "batch_tokens": 1024,
+        "train": {"device": "cpu", "threads": 1, "budget_steps": 3, "batch_tokens": 1024, "compile": False,
                   "batch_size": 4, "context": 48, "warmup_steps": 1, "eval_every": 2,
                   "eval_examples": 8, "log_every": 1, "checkpoint_every": 100},
         "evaluate": {"max_examples": 4, "max_new_tokens": 12, "n_samples": 2, "batch_size": 4},
@@ -268,6 +269,35 @@ def test_every_preset_is_a_valid_params_file(name):
     params = preset.validate(PRESETS / f"{name}.yaml")
     assert "baseline" in params.ablations and params.ablations["baseline"] == {}
     assert preset.summary(PRESETS / f"{name}.yaml")  # what --list shows
+
+
+def test_the_gpu_recipe_preset_is_nanogpts_train_shakespeare_char_and_plans_on_an_h100(capsys):
+    """nanoGPT's config/train_shakespeare_char.py, on the CPU recipe's data, tokenizer and evaluation."""
+    from pipeline import plan
+
+    gpu = yaml.safe_load((PRESETS / "nanogpt_shakespeare_char_gpu.yaml").read_text())
+    cpu = yaml.safe_load((PRESETS / "nanogpt_shakespeare_char.yaml").read_text())
+    for section in ("data", "filter", "train_bpe", "encode"):
+        assert gpu[section] == cpu[section], section
+    m, t = gpu["model"], gpu["train"]
+    assert (m["n_decoder_layers"], m["n_heads"], m["d_model"], m["d_ff"], m["dropout"], m["max_len"]) == \
+        (6, 6, 384, 1536, 0.2, 256)
+    assert (m["bias"], m["tie_output"], m["norm_position"], m["ffn"]) == (False, True, "pre", "gelu")
+    assert (t["budget_steps"], t["batch_size"], t["context"], t["lr"], t["betas"], t["weight_decay"]) == \
+        (5000, 64, 256, 1e-3, [0.9, 0.99], 0.1)
+    assert (t["warmup_steps"], t["schedule"], t["min_lr_ratio"], t["precision"], t["compile"]) == \
+        (100, "cosine", 0.1, "bf16", True)
+    assert t["budget_tokens"] == 5000 * 64 * 256
+    assert t["eval_every"] >= 1000  # in-loop validation is only the curve: it must not eat the 3 minutes
+    assert gpu["evaluate"]["prompt_tokens"] + gpu["evaluate"]["max_new_tokens"] <= m["max_len"]
+    assert list(gpu["ablations"]) == ["baseline"] and len(gpu["seeds"]) == 1 and gpu["knockout"]["seeds"] == []
+    assert gpu["report"]["reference"]["value"] == 1.4697
+    plan.main(["--params", str(PRESETS / "nanogpt_shakespeare_char_gpu.yaml"), "--device", "h100", "--json"])
+    planned = json.loads(capsys.readouterr().out)
+    (row,) = planned["rows"]
+    assert (row["variant"], row["steps_per_run"], row["tokens_per_run"], row["fits"]) == ("baseline", 5000, 81920000, True)
+    assert 10e6 < row["params"] < 11e6  # nanoGPT prints 10.65M (it leaves the position table out)
+    assert 0 < planned["total"]["seconds"] < 180  # the planner expects it inside nanoGPT's 3 minutes
 
 
 def test_list_names_every_preset(capsys):

@@ -229,3 +229,23 @@ def lm_collate(stream: np.ndarray, starts: np.ndarray, context: int):
     rows = np.stack([np.asarray(stream[s:s + context + 1], dtype=np.int64) for s in starts])
     window = torch.from_numpy(rows)
     return None, window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+
+def pad_for_compile(batch: tuple, pad_id: int) -> tuple:
+    """A seq2seq batch with no dimension of size 1, for a model compiled with dynamic shapes.
+
+    torch.compile specialises any size of 0 or 1 even when told shapes are dynamic, so a batch of
+    one example (a bucket's leftover, or an example longer than the cap) or a one-token side would
+    compile the whole training step again (on a GPU, tens of seconds each; decoder-only models
+    graph-break in packing, so several graphs each time). Padding is invisible to the loss: a
+    second row repeats the first with every target position set to pad (ignored by the loss, so
+    its gradient is exactly zero), and an extra pad column is masked out like any other padding.
+    """
+    src, tgt_in, tgt_out = batch
+    if tgt_in.shape[0] == 1:
+        src = None if src is None else src.repeat(2, 1)
+        tgt_in, tgt_out = tgt_in.repeat(2, 1), torch.cat([tgt_out, torch.full_like(tgt_out, pad_id)])
+
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, torch.full_like(t[:, :1], pad_id)], 1) if t.shape[1] == 1 else t
+    return (None if src is None else widen(src)), widen(tgt_in), widen(tgt_out)

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from pipeline.training import checkpoint
-from pipeline.training.batching import Split, collate, lm_batches, lm_collate, lm_stream, seq2seq_batches
+from pipeline.training.batching import (Split, collate, lm_batches, lm_collate, lm_stream, pad_for_compile,
+                                       seq2seq_batches)
 from pipeline.training.device import (Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device,
                                       resolve_precision)
 from pipeline.training.gpu_lock import claimed
@@ -211,6 +212,8 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
             pad[1] += sum(t.numel() for t in batch[:2] if t is not None)
             shape = [a + b for a, b in zip(shape, (1, len(batch[1]), 0 if batch[0] is None else batch[0].shape[1],
                                                     batch[1].shape[1]))]
+            if cfg["compile"] and not data.lm:  # after the counts above: they describe the data
+                batch = pad_for_compile(batch, data.ids["pad_id"])
             src, tgt_in, tgt_out = (_to_device(t, device) for t in batch)
             n = data.target_tokens(idx)
             # Gradients are all-reduced once per optimizer step, after the last micro-batch.
@@ -287,16 +290,20 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
     }
 
 
-def compiled(model, device: torch.device, dynamic: bool):
+def compiled(model, device: torch.device, dynamic: bool, backend="inductor"):
     """torch.compile (inductor) of the training step, on CUDA or CPU.
 
     Seq2seq batches change shape every step (length buckets): `dynamic` compiles for symbolic
     batch and sequence sizes from the start, one compilation where a static first one would be
-    followed by a dynamic recompile (torch still specialises a batch of one example, a bucket's
-    leftover: a second compilation). Language-model windows have one shape: static, as
-    specialised as inductor can make it.
+    followed by a dynamic recompile. torch still specialises sizes of 1 (a bucket's leftover of one
+    example), which the loop pads away (batching.pad_for_compile), and by default gives sizes that
+    happen to be equal in the first batch one symbol ("duck sizing": a source as long as its target
+    would recompile at the first batch where they differ), which is turned off here for the process.
+    So the step compiles once.
+    Language-model windows have one shape: static, as specialised as inductor can make it.
+    `backend`: tests count compilations with a cheap one.
     """
-    if device.type == "cpu":
+    if device.type == "cpu" and backend == "inductor":
         try:
             from torch._inductor.cpp_builder import get_cpp_compiler
 
@@ -305,7 +312,11 @@ def compiled(model, device: torch.device, dynamic: bool):
             raise ValueError(f"train.compile: torch.compile on CPU needs a C++ compiler (g++ or clang++, or $CXX) "
                              f"and found none ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
                              "install one or set train.compile: false") from None
-    return torch.compile(model, dynamic=dynamic or None)
+    if dynamic:
+        import torch.fx.experimental._config as shapes
+
+        shapes.use_duck_shape = False  # read when a graph is traced, so it stays set
+    return torch.compile(model, dynamic=dynamic or None, backend=backend)
 
 
 def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -1,0 +1,168 @@
+"""The 124M benchmark of `bash run.sh gpu`: one training step of a GPT-2-small-shaped model in bf16.
+
+Three models of equal shape (12 layers, 12 heads, d 768, context 1024, vocab 50304, no biases, tied
+head), each eager and torch.compile'd, timed interleaved step for step in one process so the ratios
+are fair: ours (model/), a nanoGPT-style GPT (benchmarks/gpt_step.py's MinimalGPT: fused q/k/v,
+fused causal attention, one module per block) and a reference built only from torch.nn's own
+Transformer modules. tokens/s and MFU (training FLOPs per token by the train stage's formula, over
+the device's datasheet peak).
+
+Run: python -m benchmarks.gpu_bench --result bench.json [--batch 16 --steps 10 --repeats 5]
+The result file is rewritten after each phase (first ours and the nanoGPT-style model compiled,
+then all six runs interleaved), so a run stopped at a time limit keeps what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from benchmarks.gpt_step import MinimalGPT, gpt_config
+from benchmarks.model_speed import time_interleaved
+from model import ModelConfig, build_model
+from pipeline.atomic import atomic_path
+from pipeline.train import flops_per_target_token
+from pipeline.training.device import autocast, peak_flops
+from pipeline.training.optim import make_optimizer
+
+GPT2_SMALL = dict(vocab_size=50304, d_model=768, n_heads=12, n_layers=12, d_ff=3072, context=1024)
+MODELS = ("ours", "nanogpt_style", "reference")
+
+
+class ReferenceGPT(nn.Module):
+    """The same model written only with torch.nn's own Transformer modules."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.embed = nn.Embedding(cfg.vocab_size, d)
+        self.pos = nn.Embedding(cfg.max_len, d)
+        layer = nn.TransformerEncoderLayer(d, cfg.n_heads, cfg.d_ff, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True, bias=False)
+        self.blocks = nn.TransformerEncoder(layer, cfg.n_decoder_layers, norm=nn.LayerNorm(d, bias=False),
+                                            enable_nested_tensor=False)
+
+    def forward(self, src, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        t = x.shape[1]
+        h = self.embed(x) + self.pos(torch.arange(t, device=x.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=x.device)
+        h = self.blocks(h, mask=mask, is_causal=True)
+        logits = F.linear(h, self.embed.weight)
+        return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
+class NanoGPTStyle(MinimalGPT):
+    """MinimalGPT called the way our models are: (src, tgt_in, tgt_out) -> (logits or None, loss)."""
+
+    def forward(self, src, x: Tensor, y: Tensor) -> tuple[None, Tensor]:  # type: ignore[override]
+        return None, super().forward(x, y)
+
+
+def build(cfg: ModelConfig, name: str) -> nn.Module:
+    if name == "ours":
+        return build_model(cfg)
+    if name == "reference":
+        return ReferenceGPT(cfg)
+    return NanoGPTStyle(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_decoder_layers, cfg.d_ff, cfg.max_len)
+
+
+def flops_per_token(cfg: ModelConfig) -> float:
+    """Training FLOPs per token of the GPT shape, by the train stage's own formula (6N + attention)."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    return flops_per_target_token(model, cfg, 0.0, float(cfg.max_len))
+
+
+def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats: int, compile_models: bool,
+              write: Callable[[dict], None] | None = None) -> dict:
+    """tokens/s and MFU of the three models, eager (and compiled), interleaved step for step.
+
+    Compiled, the target figures come first: ours and the nanoGPT-style model are compiled and timed
+    against each other (phase 1), then the reference is compiled and all six runs are timed together
+    (phase 2, whose figures replace phase 1's). `write(out)` is called after each phase."""
+    cfg = gpt_config(**shape)
+    torch.manual_seed(0)
+    models = {name: build(cfg, name).to(device).train() for name in MODELS}
+    params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    tokens = torch.randint(4, cfg.vocab_size, (batch, cfg.max_len + 1), device=device)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def stepper(model: nn.Module, runner: Callable) -> Callable[[], None]:
+        opt = make_optimizer(model, 6e-4, (0.9, 0.95), 1e-8, 0.1, device)
+
+        def run() -> None:
+            for _ in range(steps):
+                with autocast(device, True):
+                    _, loss = runner(None, x, y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return run
+
+    runs = {f"{name}_eager": stepper(m, m) for name, m in models.items()}
+    if compile_models:
+        runs.update({f"{name}_compiled": stepper(m, torch.compile(m)) for name, m in models.items()})
+        phases = [["ours_compiled", "nanogpt_style_compiled"], list(runs)]
+    else:
+        phases = [list(runs)]
+    flops = flops_per_token(cfg)
+    peak, peak_source = peak_flops(device)
+    out = {"shape": shape, "batch": batch, "steps_per_timing": steps, "repeats": repeats, "params": params,
+           "flops_per_token": flops, "peak_flops_per_s": peak, "peak_source": peak_source,
+           "warmup_and_compile_s": 0.0, "phases_done": 0}
+    warmed: set[str] = set()
+    mode = "compiled" if compile_models else "eager"
+    for phase in phases:
+        start = time.perf_counter()
+        for name in phase:
+            if name not in warmed:
+                runs[name]()  # warm-up: compiles the compiled runners, fills the allocator's cache
+                warmed.add(name)
+        out["warmup_and_compile_s"] = round(out["warmup_and_compile_s"] + time.perf_counter() - start, 1)
+        timed = time_interleaved({n: runs[n] for n in phase}, repeats=repeats, warmup=0, device=device.type)["wall"]
+        for name, seconds in timed.items():
+            tps = batch * cfg.max_len * steps / seconds
+            out[name] = {"step_ms": round(1000 * seconds / steps, 2), "tokens_per_s": round(tps),
+                         "mfu": round(flops * tps / peak, 4) if peak else None}
+        ratios = {"ours_over_nanogpt_style_step": ("ours", "nanogpt_style", mode),
+                  "ours_over_reference_step": ("ours", "reference", mode),
+                  "ours_over_nanogpt_style_step_eager": ("ours", "nanogpt_style", "eager"),
+                  "ours_over_reference_step_eager": ("ours", "reference", "eager"),
+                  "compiled_over_eager_step": ("ours", "ours", None)}
+        for key, (a, b, m) in ratios.items():
+            num, den = (f"{a}_compiled", f"{b}_eager") if m is None else (f"{a}_{m}", f"{b}_{m}")
+            if num in timed and den in timed:
+                out[key] = round(timed[num] / timed[den], 3)
+        if "ours_compiled" in timed:
+            out["mfu_compiled"] = out["ours_compiled"]["mfu"]
+        out["phases_done"] += 1
+        if write is not None:
+            write(out)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--result", type=Path, required=True, help="JSON file, rewritten after each phase")
+    p.add_argument("--batch", type=int, default=16, help="sequences of 1024 tokens per step")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps per timing")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+
+    def write(out: dict) -> None:
+        with atomic_path(args.result) as tmp:
+            tmp.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"bench: phase {out['phases_done']} done: " + json.dumps(
+            {k: v for k, v in out.items() if k.endswith(("_step", "_compiled", "_eager", "_s"))}), flush=True)
+
+    bench_gpt(GPT2_SMALL, torch.device("cuda"), args.batch, args.steps, args.repeats, compile_models=True, write=write)
+
+
+if __name__ == "__main__":
+    main()
