@@ -85,7 +85,7 @@ def times_record(launcher: Launcher, jobs: int, end: float) -> dict:
 def summary(launcher: Launcher, jobs: int, took: float) -> list[str]:
     out = launcher.out
     retried = f", {out.retries} start(s) retried after DVC's lock was taken" if out.retries else ""
-    lines = [f"grid: {len(out.done)} stages done in {took:.0f} s with -j {jobs}{retried}; logs in {LOG_DIR}/"]
+    lines = [f"grid: {len(out.spans)} stages run in {took:.0f} s with -j {jobs}{retried}; logs in {LOG_DIR}/"]
     for stage, (log, last) in out.failed.items():
         lines.append(f"grid: FAILED {stage} (log {log}); its last lines:")
         lines += [f"    {line}" for line in last]
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         if jobs == 1:  # --times asked for: the serial run, timed
-            ok = launcher.run_one(Task(["dvc repro"]), serial)
+            ok = launcher.run_one(Task(["dvc repro"]), serial, echo=True)
         else:
             ok = run_grid(launcher, args.targets)
     finally:

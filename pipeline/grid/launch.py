@@ -52,11 +52,14 @@ class Outcome:
     retries: int = 0
 
 
-def _read(p: Process) -> None:
+def _read(p: Process, echo: bool) -> None:
     with open(p.log, "a", encoding="utf-8") as log:
         for line in p.proc.stdout:
             log.write(line)
             log.flush()
+            if echo:  # the serial run, timed: its output as `dvc repro` shows it
+                sys.stdout.write(line)
+                sys.stdout.flush()
             p.lines.append(line.rstrip("\n"))
             m = RUNNING.match(line)
             if m:
@@ -89,7 +92,7 @@ class Launcher:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.proc.pid, signal.SIGKILL)
 
-    def start(self, task: Task, command: list[str], threads: int | None) -> Process:
+    def start(self, task: Task, command: list[str], threads: int | None, echo: bool = False) -> Process:
         task.attempts += 1
         log = self.log_dir / (task.stages[0].replace("/", "_") + ".log")
         env = dict(os.environ)
@@ -101,7 +104,7 @@ class Launcher:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 env=env, start_new_session=True)
         p = Process(task, proc, log, time.monotonic(), threading.Thread(target=lambda: None))
-        p.reader = threading.Thread(target=_read, args=(p,), daemon=True)
+        p.reader = threading.Thread(target=_read, args=(p, echo), daemon=True)
         p.reader.start()
         return p
 
@@ -110,11 +113,11 @@ class Launcher:
         for (t, name), (t_next, _) in zip(p.marks, p.marks[1:] + [(end, "")]):
             self.out.spans[name] = [round(t - self.t0, 2), round(t_next - self.t0, 2)]
 
-    def run_one(self, task: Task, command: list[str]) -> bool:
-        """Run one task alone, in the foreground (the shared stages); True if it succeeded."""
-        return self.run([task], lambda t: command)
+    def run_one(self, task: Task, command: list[str], echo: bool = False) -> bool:
+        """Run one task alone (the shared stages; the serial run, its output shown); True if it succeeded."""
+        return self.run([task], lambda t: command, echo)
 
-    def run(self, tasks: list[Task], command_of) -> bool:
+    def run(self, tasks: list[Task], command_of, echo: bool = False) -> bool:
         """Run `tasks` (command_of(task) -> argv), at most self.jobs at once; True if all succeeded."""
         pending, running = list(tasks), self.running
         self.names = {s for t in tasks for s in t.stages}
@@ -132,7 +135,7 @@ class Launcher:
                 task = ready.pop(0)
                 pending.remove(task)
                 in_flight = min(self.jobs, len(running) + 1 + len(ready))
-                p = self.start(task, command_of(task), max(1, self.cores // in_flight))
+                p = self.start(task, command_of(task), max(1, self.cores // in_flight), echo)
                 running.append(p)
                 self.say(f"grid: start {' '.join(task.stages)}"
                          + (f" (attempt {task.attempts})" if task.attempts > 1 else "")
