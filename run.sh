@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One command for each job, on a fresh machine with Python 3.11, git and pip:
-#   bash run.sh          set up .venv, then run the whole pipeline (`dvc repro`, offline)
+#   bash run.sh          set up .venv, then run the whole pipeline (offline): `python -m pipeline.grid`,
+#                        the independent stages side by side through DVC (-j auto: the cores, or GPUs x
+#                        runs per GPU); `bash run.sh repro -j 1` is a plain serial `dvc repro`
 #   bash run.sh test     set up .venv, then run the full CPU test suite
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
 #   bash run.sh study P  set up .venv, then rerun preset P's committed study report from scratch
@@ -24,7 +26,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 case "${1:-repro}" in
   setup) ;;
-  repro) shift || true; dvc repro "$@" ;;
+  repro) shift || true; python -m pipeline.grid "$@" ;;
   test) shift; python -m pytest "$@" ;;
   bench) python -m benchmarks.model_speed && python -m benchmarks.train_loop ;;
   study) shift; bash scripts/study.sh "$@" ;;

@@ -59,7 +59,7 @@ from pipeline.train_bpe import load_tokenizer
 from pipeline.training import trainer
 from pipeline.training.batching import Split, collate, load_split, load_texts, read_manifest
 from pipeline.training.batching import lm_stream as training_stream
-from pipeline.training.device import choose_threads, resolve_device
+from pipeline.training.device import choose_threads, recorded_slots, resolve_device
 from pipeline.training.gpu_lock import claimed
 
 # (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_flush_denormal(True)  # as in training: denormals are slow on CPUs
         metrics = evaluate(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
                            params.evaluate, t.batch_tokens, t.context, t.batch_size,
-                           resolve_device(t.device))
+                           resolve_device(t.device, slots=recorded_slots(Path(args.run))))
     except (ParamsError, ValueError, OSError, KeyError) as exc:
         raise stage_error("evaluate", exc) from None
     # MLflow gets these from the report stage, in one process for all runs: importing MLflow and

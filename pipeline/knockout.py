@@ -44,7 +44,7 @@ from pipeline.progress import Progress
 from pipeline.scoring.metrics import task_metrics
 from pipeline.train_bpe import load_tokenizer
 from pipeline.training.batching import collate, load_split, load_texts, read_manifest
-from pipeline.training.device import choose_threads, resolve_device
+from pipeline.training.device import choose_threads, recorded_slots, resolve_device
 
 IGNORE = -100  # target positions not scored (padding; LM window tails)
 CSV_COLUMNS = ("name", "mode", "kind", "knocks", "val_loss", "delta_val_loss")
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(choose_threads(t.threads)[0])
         torch.set_flush_denormal(True)
         summary = run_knockouts(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
-                                params.knockout, params.evaluate, t.context, t.batch_size, resolve_device(t.device))
+                                params.knockout, params.evaluate, t.context, t.batch_size, resolve_device(t.device, slots=recorded_slots(Path(args.run))))
     except (ParamsError, ValueError, OSError, KeyError) as exc:
         raise stage_error("knockout", exc) from None
     print(json.dumps({k: summary[k] for k in ("variant", "seed", "base", "n_loss_tokens", "wall_s")}))

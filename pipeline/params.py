@@ -148,6 +148,17 @@ class TrainParams(Section):
     # results). bf16 on CPU also takes the fused AdamW kernel (pipeline.training.optim says why).
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     threads: int = Field(0, ge=0)  # CPU threads for torch; 0 = auto: the cores free when the stage starts
+    # Runs that share one GPU (each its own process and slot lock, pipeline.training.gpu_lock):
+    # auto = as many as the GPU's memory holds by the run's estimated peak, at most one per CPU
+    # core of the GPU's share and 16; a change reruns training, as threads does.
+    runs_per_gpu: int | str = "auto"
+
+    @field_validator("runs_per_gpu", mode="before")
+    @classmethod
+    def _runs_per_gpu(cls, value: Any) -> int | str:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        raise ValueError("must be auto or a whole number of runs, at least 1")
 
     @model_validator(mode="after")
     def _one_budget(self) -> "TrainParams":

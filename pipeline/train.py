@@ -219,7 +219,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     counts = model.param_counts()
     metrics = {
         **ident, "params_total": counts["total"], "params_by_component": counts,
-        "threads": threads,
+        "threads": threads, "threads_why": why,
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
         "flops_per_token": flops_per_token, "flops_trained": flops_per_token * result["tokens_trained"],
         "budget_flops": tcfg["budget_flops"],

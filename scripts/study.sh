@@ -18,7 +18,8 @@ find . -name __pycache__ -prune -exec rm -rf {} +
 git init -q && dvc init -q && dvc config core.analytics false
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$scratch/mlflow.db}
 python -m pipeline.preset "$name"
-python -m benchmarks.stage_times --json "$scratch/stage_times.json" -- dvc repro 2>&1 | tee "$scratch/repro.log"
+# The grid launcher: every core (or GPU slot) busy; STUDY_JOBS=1 is the serial `dvc repro`, timed.
+python -m pipeline.grid -j "${STUDY_JOBS:-auto}" --times "$scratch/stage_times.json" 2>&1 | tee "$scratch/repro.log"
 out=${STUDY_OUT:-$root/reports/studies/$name}
 rm -rf "$out.tmp" && mkdir -p "$out.tmp"
 cp -r reports/report.md reports/report.html reports/metrics.json reports/figures reports/curves params.yaml "$out.tmp/"
@@ -26,8 +27,9 @@ python - "$out.tmp/run.json" "$scratch/stage_times.json" <<'PY'
 import json, os, platform, sys, torch
 path, times = sys.argv[1], json.load(open(sys.argv[2]))
 device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
-run = {"wall_s": round(times["total_s"]), "command": "dvc repro", "cpu_count": os.cpu_count(), "device": device,
-       "torch": torch.__version__, "stage_s": times["families"]}
+# stage_s: seconds per stage family, summed over its stages; with jobs > 1 they overlap (busy time).
+run = {"wall_s": round(times["total_s"]), "command": times["command"], "jobs": times["jobs"],
+       "cpu_count": os.cpu_count(), "device": device, "torch": torch.__version__, "stage_s": times["families"]}
 open(path, "w").write(json.dumps(run, indent=2) + "\n")
 PY
 rm -rf "$out" && mv "$out.tmp" "$out"

@@ -159,3 +159,129 @@ def pretend_cuda(monkeypatch):
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # set by resolve_device
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+# Several small runs per GPU: k slot locks per GPU (train.runs_per_gpu).
+
+def _hold_slot(barrier, results, hold_s: float, slots: int) -> None:
+    barrier.wait()
+    claim = claim_gpu(poll_s=0.02, log=lambda _: None, slots=slots)
+    acquired = time.time()
+    time.sleep(hold_s)
+    results.put({"id": claim.id, "slot": claim.slot, "slots": claim.slots, "acquired": acquired,
+                 "released": time.time()})
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in spans] + [(r, -1) for _, r in spans])  # a release sorts first at a tie
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_k_slots_per_gpu_admit_at_most_k_runs_on_each_and_spread_first(fake_gpus, monkeypatch):
+    monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "2")
+    n, k, hold_s = 9, 3, 1.0
+    barrier, results = FORK.Barrier(n), FORK.Queue()
+    procs = [FORK.Process(target=_hold_slot, args=(barrier, results, hold_s, k)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(timeout=10)
+    by_gpu: dict[str, list] = {}
+    for r in got:
+        by_gpu.setdefault(r["id"], []).append(r)
+        assert r["slots"] == k and 0 <= r["slot"] < k
+    assert sorted(by_gpu) == ["0", "1"]
+    for runs in by_gpu.values():
+        assert _most_at_once([(r["acquired"], r["released"]) for r in runs]) <= k
+    first = sorted(got, key=lambda r: r["acquired"])[:2 * k]  # the six that found a free slot at once
+    assert sorted(r["id"] for r in first) == ["0"] * k + ["1"] * k
+    names = {p.name for p in fake_gpus.iterdir()}
+    assert names == {"gpu-0.lock", "gpu-1.lock", "gpu-0.1.lock", "gpu-1.1.lock", "gpu-0.2.lock", "gpu-1.2.lock"}
+
+
+def _claim_slots_and_sleep(ready, slots: int) -> None:
+    claim_gpu(poll_s=0.02, log=lambda _: None, slots=slots)
+    ready.set()
+    time.sleep(60)
+
+
+def _claim_slots_and_report(results, slots: int) -> None:
+    claim = claim_gpu(poll_s=0.02, log=lambda _: None, slots=slots)
+    results.put({"slot": claim.slot, "acquired": time.time()})
+
+
+def test_a_sigkilled_holder_frees_its_slot(monkeypatch):
+    monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
+    holders = []
+    for _ in range(2):
+        ready = FORK.Event()
+        holders.append(FORK.Process(target=_claim_slots_and_sleep, args=(ready, 2)))
+        holders[-1].start()
+        assert ready.wait(10)
+    results = FORK.Queue()
+    waiter = FORK.Process(target=_claim_slots_and_report, args=(results, 2))
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive()  # both slots of the only GPU are held
+    os.kill(holders[1].pid, signal.SIGKILL)
+    killed = time.time()
+    got = results.get(timeout=10)
+    assert got["slot"] == 1 and got["acquired"] >= killed  # the killed holder's slot
+    os.kill(holders[0].pid, signal.SIGKILL)
+    for p in (*holders, waiter):
+        p.join(timeout=10)
+
+
+def test_one_slot_and_k_slots_exclude_each_other_on_slot_zero(monkeypatch):
+    monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
+    ready = FORK.Event()
+    holder = FORK.Process(target=_claim_slots_and_sleep, args=(ready, 4))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        claim = claim_gpu(poll_s=0.02, log=lambda _: None, slots=2)  # slot 0 is the holder's
+        assert (claim.slot, claim.slots) == (1, 2) and "slot 1" in claim.why
+        assert claim.record()["slot"] == 1 and claim.record()["slots"] == 2  # what train.json / eval.json keep
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(timeout=10)
+
+
+def test_torchrun_takes_no_slot_whatever_runs_per_gpu_says(fake_gpus, monkeypatch, pretend_cuda):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    asked = []
+    assert resolve_device("cuda", slots=lambda gpus: asked.append(gpus) or (4, "")) == torch.device("cuda", 1)
+    assert gpu_lock.claimed().lock is None and gpu_lock.claimed().slots == 1
+    assert not asked and not fake_gpus.exists()  # not even asked how many
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize(("run_bytes", "gpu_bytes", "cores", "gpus", "k"), [
+    (31e6, 141 * GiB, 16, 1, 16),  # a 0.8M-parameter model on an H200: the cores decide
+    (31e6, 141 * GiB, 64, 1, 16),  # ... and with more cores, the cap
+    (31e6, 141 * GiB, 16, 8, 2),  # eight GPUs share 16 cores
+    (8 * GiB, 80 * GiB, 32, 1, 8),  # 0.9 x 80 / (8 + 1)
+    (30 * GiB, 24 * GiB, 8, 1, 1),  # too big for one: still one (its own OOM says why)
+])
+def test_auto_runs_per_gpu_from_memory_cores_and_the_cap(run_bytes, gpu_bytes, cores, gpus, k):
+    got, why = gpu_lock.runs_per_gpu("auto", run_bytes, gpu_bytes, cores, gpus)
+    assert got == k and why.startswith(f"{k} (train.runs_per_gpu auto")
+    assert gpu_lock.runs_per_gpu(3, run_bytes, gpu_bytes, cores, gpus) == (3, "3 (train.runs_per_gpu)")
+
+
+def test_auto_slots_use_the_run_estimate_and_the_gpu_memory(fake_gpus, monkeypatch):
+    monkeypatch.setenv("ABLATION_LAB_GPU_MEMORY", str(12 * GiB))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(64)), raising=False)
+    run = gpu_lock.estimated_run_bytes(124_000_000, 768, 3072, 12, 50304, 12 * 1024)  # GPT-2 small, 12 x 1024
+    assert 4 * GiB < run < 16 * GiB
+    claim = claim_gpu(log=lambda _: None, slots=gpu_lock.gpu_slots("auto", 2 * GiB))
+    assert claim.slots == int(0.9 * 12 // 3) and "by memory" in claim.why
+    assert gpu_lock.gpu_slots(5, run) == 5

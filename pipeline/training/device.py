@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from pipeline.params import default_cache_dir
-from pipeline.training.gpu_lock import Claim, claim_gpu, torchrun_claim, torchrun_rank
+from pipeline.training.gpu_lock import (Claim, claim_gpu, estimated_run_bytes, gpu_slots, torchrun_claim,
+                                        torchrun_rank)
 
 # Dense bf16 peak FLOP/s by GPU name, from the vendors' data sheets (no sparsity). The first key
 # found in the device name wins, so the PCIe/NVL boards come before the SXM default.
@@ -43,24 +44,47 @@ class Cluster:
         return self.rank == 0  # the one rank that logs, tracks, checkpoints and writes outputs
 
 
-def resolve_device(choice: str, cluster: Cluster = Cluster()) -> torch.device:
+def resolve_device(choice: str, cluster: Cluster = Cluster(), slots=None) -> torch.device:
+    """The device for `choice` (train.device); on CUDA a GPU slot taken under a lock (`slots`:
+    runs per GPU, as gpu_lock.claim_gpu takes it)."""
     if choice == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device: cuda requested but no CUDA device is available")
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(choice)
     if device.type == "cuda":
-        device = torch.device("cuda", gpu_for(cluster).index)  # one GPU per process
+        device = torch.device("cuda", gpu_for(cluster, slots).index)  # one GPU slot per process
         torch.cuda.set_device(device)  # what a bare "cuda" means in this process from now on
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return device
 
 
-def gpu_for(cluster: Cluster) -> Claim:
-    """torchrun's rank placement if started by torchrun, else a free GPU taken under a lock."""
+def gpu_for(cluster: Cluster, slots=None) -> Claim:
+    """torchrun's rank placement if started by torchrun, else a free GPU slot taken under a lock."""
     rank = cluster.local_rank if cluster.world > 1 else torchrun_rank()
-    return claim_gpu() if rank is None else torchrun_claim(rank)
+    return claim_gpu(slots=slots) if rank is None else torchrun_claim(rank)
+
+
+def run_slots(tcfg: dict, model, lm: bool):
+    """train.runs_per_gpu for a training run of `model` (gpu_lock.gpu_slots), its memory estimated
+    from its config and batch: batch_size x context windows (language model) or batch_tokens."""
+    c = model.cfg
+    layers = c.n_decoder_layers + (c.n_encoder_layers if c.arch == "encoder_decoder" else 0)
+    batch = tcfg["batch_size"] * tcfg["context"] if lm else tcfg["batch_tokens"]
+    n_params = sum(p.numel() for p in model.parameters())
+    return gpu_slots(tcfg.get("runs_per_gpu", "auto"),
+                     estimated_run_bytes(n_params, c.d_model, c.d_ff, layers, c.vocab_size, batch))
+
+
+def recorded_slots(run_dir: Path) -> int:
+    """The runs per GPU the run trained with (its train.json's gpu.slots): its evaluation shares a
+    GPU as its training did. 1 for a run trained without a slot (CPU, torchrun, older runs)."""
+    try:
+        gpu = json.loads((run_dir / "train.json").read_text()).get("gpu") or {}
+        return max(1, int(gpu.get("slots", 1)))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 1
 
 
 def resolve_precision(choice: str, device: torch.device) -> str:
@@ -208,6 +232,12 @@ def measured_matmul_flops(n: int = 1024, repeats: int = 10) -> float:
     return 2 * n ** 3 / best
 
 
+# Set by the grid launcher (python -m pipeline.grid) to the cores per concurrent stage: stages that
+# start together each see the others' processes only once they run, and would take every core.
+# An environment variable, not a param: how many stages run at once must not change dvc.lock.
+THREADS_ENV = "ABLATION_LAB_THREADS"
+
+
 def choose_threads(requested: int, cores: int | None = None, busy: int | None = None) -> tuple[int, str]:
     """CPU threads for torch, and why. `requested` > 0 is kept; 0 picks from what is free now.
 
@@ -218,6 +248,9 @@ def choose_threads(requested: int, cores: int | None = None, busy: int | None = 
     """
     if requested:
         return requested, f"{requested} (train.threads)"
+    grid = os.environ.get(THREADS_ENV, "")
+    if grid.isdigit() and int(grid) > 0:  # the grid launcher's share of the cores for each of its stages
+        return int(grid), f"{grid} (train.threads: 0 = auto: ${THREADS_ENV}, the grid launcher's share of the cores)"
     cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else os.cpu_count() or 1
     busy = busy if busy is not None else _other_running_processes()

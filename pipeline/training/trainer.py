@@ -28,7 +28,7 @@ from pipeline.training import checkpoint
 from pipeline.training.batching import (Split, collate, lm_batches, lm_collate, lm_stream, pad_for_compile,
                                        seq2seq_batches)
 from pipeline.training.device import (Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device,
-                                      resolve_precision)
+                                      resolve_precision, run_slots)
 from pipeline.training.gpu_lock import claimed
 from pipeline.training.optim import make_optimizer, make_scheduler, uses_fused
 
@@ -142,7 +142,7 @@ def evaluate_loss(model, data: Data, batches: list[np.ndarray], device, use_auto
 def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=None, log=print,
           cluster: Cluster = Cluster()) -> dict:
     """Train `model` to the budget in `cfg` (the `train` section); return the final metrics."""
-    device = resolve_device(cfg["device"], cluster)
+    device = resolve_device(cfg["device"], cluster, run_slots(cfg, model, data.lm))
     precision = resolve_precision(cfg["precision"], device)
     use_autocast = precision == "bf16"
     log = log if cluster.main else _silent

@@ -1,0 +1,159 @@
+"""The grid side by side: a study's independent stages run at the same time, each run by DVC.
+
+    python -m pipeline.grid                  # -j auto: every core, or GPUs x runs per GPU (at most the cores)
+    python -m pipeline.grid -j 4 [TARGET..]  # at most 4 stages at once; targets as `dvc repro` takes them
+    python -m pipeline.grid -j 1 [ARGS..]    # a plain serial `dvc repro ARGS`
+    python -m pipeline.grid --times t.json   # also write each stage's start and end (seconds) as JSON
+
+1. The shared stages (check_params ... encode, upstream of every matrix stage) run as one plain
+   `dvc repro`, when `dvc status` says one of them is out of date.
+2. DVC's stage graph and one `dvc status` give the stages to run: those out of date and everything
+   downstream of them. Each run's stages go to one `dvc --wait-for-lock repro --single-item
+   train@x evaluate@x` process; up to -j of them run at once, each started as soon as the stages
+   it reads are done, the report last. Each process's output goes to .dvc/tmp/grid/<stage>.log;
+   one line per start and finish here. Stages share the cores: each gets
+   $ABLATION_LAB_THREADS = cores / stages running (train.threads 0 honours it; not a param, so
+   dvc.lock is the same whatever -j was).
+
+A thin layer, not a scheduler: DVC decides whether a stage runs and records it, so dvc.lock, the
+cache and the run-cache end as a serial `dvc repro` leaves them. paraffin (PyPI) runs DVC stages as
+`dvc repro --single-item` workers too, but through celery, a web server and a database, and calls
+itself experimental; DVC's own `--wait-for-lock` (3.x) plus a retry of a process that still lost
+a lock (launch.py) is all the launcher needs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipeline.atomic import atomic_path
+from pipeline.grid.dag import Task, out_of_date, plan_tasks, read_pipeline, shared_stages
+from pipeline.grid.launch import DVC, Launcher
+
+LOG_DIR = Path(".dvc/tmp/grid")  # DVC keeps .dvc/tmp out of git
+THREADS_ENV = "ABLATION_LAB_THREADS"  # pipeline.training.device reads it (not imported: no torch here)
+MAX_RUNS_PER_GPU = 16  # pipeline.training.gpu_lock's cap; the slot locks decide the rest
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_jobs(params: Path = Path("params.yaml")) -> tuple[int, str]:
+    """-j auto: the cores on a CPU machine; GPUs x runs per GPU (train.runs_per_gpu, or 16 for
+    `auto`, whose memory limit the GPU slot locks enforce) on a GPU machine, at most the cores."""
+    n = cores()
+    try:
+        from pipeline.params import load_params
+
+        train = load_params(params).train
+        device, per_gpu = train.device, train.runs_per_gpu
+    except (ValueError, OSError):  # check_params, the first stage, says what is wrong
+        device, per_gpu = "auto", "auto"
+    gpus = 0
+    if device != "cpu" and (os.environ.get("ABLATION_LAB_GPU_COUNT") or Path("/proc/driver/nvidia/gpus").is_dir()):
+        from pipeline.training.gpu_lock import visible_gpus  # imports torch: only where a GPU may be
+
+        gpus = len(visible_gpus())
+    if not gpus:
+        return n, f"{n} CPU cores"
+    k = MAX_RUNS_PER_GPU if per_gpu == "auto" else per_gpu
+    jobs = max(1, min(n, gpus * k))
+    return jobs, f"{gpus} GPUs x {per_gpu} runs per GPU, at most {n} CPU cores"
+
+
+def times_record(launcher: Launcher, jobs: int, end: float) -> dict:
+    spans = launcher.out.spans
+    stages = {name: round(b - a, 2) for name, (a, b) in spans.items()}
+    families: dict[str, float] = {}
+    for name, seconds in stages.items():
+        family = name.split("@")[0]
+        families[family] = round(families.get(family, 0.0) + seconds, 2)
+    first = min((a for a, _ in spans.values()), default=end - launcher.t0)
+    # Stage seconds overlap when jobs > 1: a family's sum is busy time, not a share of the wall.
+    return {"command": f"python -m pipeline.grid -j {jobs}", "jobs": jobs, "total_s": round(end - launcher.t0, 2),
+            "before_first_stage_s": round(first, 2), "stages": stages, "families": families, "spans": spans,
+            "retries": launcher.out.retries}
+
+
+def summary(launcher: Launcher, jobs: int, took: float) -> list[str]:
+    out = launcher.out
+    retried = f", {out.retries} start(s) retried after DVC's lock was taken" if out.retries else ""
+    lines = [f"grid: {len(out.spans)} stages run in {took:.0f} s with -j {jobs}{retried}; logs in {LOG_DIR}/"]
+    for stage, (log, last) in out.failed.items():
+        lines.append(f"grid: FAILED {stage} (log {log}); its last lines:")
+        lines += [f"    {line}" for line in last]
+    if out.skipped:
+        lines.append(f"grid: not run, downstream of a failed stage: {' '.join(out.skipped)}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-j", "--jobs", default="auto", help="stages at once: a number or auto (default)")
+    parser.add_argument("--times", type=Path, help="write each stage's start/end and per-family seconds here")
+    parser.add_argument("targets", nargs="*", help="stages to bring up to date (default: all)")
+    args, extra = parser.parse_known_args(argv)
+    if args.jobs == "auto":
+        jobs, why = auto_jobs()
+    elif args.jobs.isdigit() and int(args.jobs) > 0:
+        jobs, why = int(args.jobs), "-j"
+    else:
+        raise SystemExit(f"grid: -j must be a number of stages (at least 1) or auto, got {args.jobs!r}")
+    if not Path("dvc.yaml").is_file():
+        raise SystemExit("grid: no dvc.yaml here; run it in the project's root")
+    serial = [sys.executable, "-m", "dvc", "repro", *extra, *args.targets]
+    if jobs == 1 and not args.times:
+        os.execv(sys.executable, serial)  # today's serial run, exactly
+    if extra and jobs > 1:
+        raise SystemExit(f"grid: {extra[0]} is a `dvc repro` option: give it with -j 1 (a plain dvc repro)")
+
+    if LOG_DIR.exists():
+        shutil.rmtree(LOG_DIR)
+    LOG_DIR.mkdir(parents=True)
+    launcher = Launcher(jobs, LOG_DIR, cores(), THREADS_ENV)
+    print(f"grid: -j {jobs} ({why})", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        if jobs == 1:  # --times asked for: the serial run, timed
+            ok = launcher.run_one(Task(["dvc repro"]), serial, echo=True)
+        else:
+            ok = run_grid(launcher, args.targets)
+    finally:
+        launcher.stop()
+    end = time.monotonic()
+    if args.times:
+        with atomic_path(args.times) as tmp:
+            tmp.write_text(json.dumps(times_record(launcher, jobs, end), indent=2) + "\n")
+    print("\n".join(summary(launcher, jobs, end - launcher.t0)), flush=True)
+    if not ok:
+        sys.exit(1)
+
+
+def run_grid(launcher: Launcher, targets: list[str]) -> bool:
+    pipeline, selected = read_pipeline(targets)
+    stale = out_of_date(selected)
+    shared = shared_stages(pipeline, selected)
+    if stale & shared:
+        order = [n for n in pipeline.order if n in shared]
+        print(f"grid: the shared stages first, in one `dvc repro`: {' '.join(order)}", flush=True)
+        if not launcher.run_one(Task(order), [*DVC, "repro", *order]):
+            return False
+        stale = out_of_date(selected - shared)
+    needed = (stale | pipeline.descendants(stale)) & selected - shared
+    if not needed:
+        print("grid: every stage is up to date", flush=True)
+        return True
+    tasks = plan_tasks(pipeline, needed)
+    print(f"grid: {len(needed)} stages to run in {len(tasks)} processes, at most {launcher.jobs} at once", flush=True)
+    return launcher.run(tasks, lambda task: [*DVC, "repro", "--single-item", *task.stages])
+
+
+if __name__ == "__main__":
+    main()
