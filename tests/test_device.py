@@ -20,6 +20,15 @@ def test_a_fixed_thread_count_is_kept_whatever_is_free():
     assert choose_threads(3, cores=2, busy=2) == (3, "3 (train.threads)")
 
 
+def test_the_grid_launchers_share_caps_a_fixed_count_and_decides_auto(monkeypatch):
+    monkeypatch.setenv(device.THREADS_ENV, "1")
+    threads, why = choose_threads(2, cores=2, busy=0)
+    assert threads == 1 and "capped" in why  # two stages side by side on 2 cores: one thread each
+    assert choose_threads(0, cores=2, busy=0)[0] == 1
+    monkeypatch.setenv(device.THREADS_ENV, "4")
+    assert choose_threads(2, cores=8, busy=0) == (2, "2 (train.threads)")  # a share above the ask: the ask
+
+
 def test_auto_threads_read_this_machine_without_failing():
     threads, _ = choose_threads(0)
     assert threads >= 1

@@ -239,18 +239,22 @@ THREADS_ENV = "ABLATION_LAB_THREADS"
 
 
 def choose_threads(requested: int, cores: int | None = None, busy: int | None = None) -> tuple[int, str]:
-    """CPU threads for torch, and why. `requested` > 0 is kept; 0 picks from what is free now.
+    """CPU threads for torch, and why. `requested` > 0 is kept (at most the grid launcher's share,
+    when it runs this stage beside others); 0 picks from what is free now.
 
     torch's default takes every core. On a 2-core machine where another process (a second DVC
     queue worker, a test run) holds one, two threads trained at 168 tokens/s against 3,200 with
     one: each step waits for the thread that shares a core. So auto = the cores this process may
     use, less the other processes running right now (at least one).
     """
-    if requested:
-        return requested, f"{requested} (train.threads)"
     grid = os.environ.get(THREADS_ENV, "")
-    if grid.isdigit() and int(grid) > 0:  # the grid launcher's share of the cores for each of its stages
-        return int(grid), f"{grid} (train.threads: 0 = auto: ${THREADS_ENV}, the grid launcher's share of the cores)"
+    share = int(grid) if grid.isdigit() and int(grid) > 0 else None  # the launcher's share per stage
+    if requested:
+        if share is not None and share < requested:  # a set count is a ceiling: stages side by side
+            return share, f"{share} (train.threads {requested}, capped at ${THREADS_ENV}: the grid launcher's share)"
+        return requested, f"{requested} (train.threads)"
+    if share is not None:
+        return share, f"{share} (train.threads: 0 = auto: ${THREADS_ENV}, the grid launcher's share of the cores)"
     cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else os.cpu_count() or 1
     busy = busy if busy is not None else _other_running_processes()
