@@ -128,6 +128,10 @@ class TrainParams(Section):
     batch_tokens: int = Field(4096, gt=0)  # seq2seq: cap on padded tokens per batch
     batch_size: int = Field(32, gt=0)  # language modelling: windows per batch
     context: int = Field(256, gt=1)  # language modelling: window length
+    # language modelling: `grid` = the stream cut into non-overlapping windows, shuffled each epoch;
+    # `random` = as many windows an epoch at uniformly random starts (nanoGPT's sampling): over many
+    # epochs a fixed grid shows the model the same windows again and again, and it overfits them.
+    lm_windows: Literal["grid", "random"] = "grid"
     grad_accum: int = Field(1, gt=0)
     lr: float = Field(1e-3, gt=0)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.98)  # AdamW

@@ -166,7 +166,8 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         data = trainer.Data(task=manifest["task"], train=None, val=None, ids=ids, batch_tokens=tcfg["batch_tokens"],
                             batch_size=tcfg["batch_size"], context=tcfg["context"], seed=seed,
                             train_stream=lm_token_file(shards, manifest, "train", cache),
-                            val_stream=lm_token_file(shards, manifest, "validation", cache))
+                            val_stream=lm_token_file(shards, manifest, "validation", cache),
+                            lm_windows=tcfg["lm_windows"])
     else:
         train_split = load_split(shards, manifest, "train")
         data = trainer.Data(task=manifest["task"], train=train_split,

@@ -335,6 +335,19 @@ def test_lm_windows_are_contiguous_disjoint_and_deterministic(tmp_path):
         assert tgt_out[row].tolist() == stream[start + 1:start + context + 1].tolist()
 
 
+def test_random_lm_windows_start_anywhere_deterministically_and_stay_in_the_stream():
+    stream_len, context, batch_size = 1000, 16, 4
+    plan = lm_batches(stream_len, context, batch_size, seed=3, epoch=0, windows="random")
+    starts = np.concatenate(plan)
+    assert len(plan) == ((stream_len - 1) // context) // batch_size  # as many windows as the grid
+    assert starts.min() >= 0 and starts.max() + context + 1 <= stream_len
+    assert (starts % context != 0).any()  # off the grid
+    again = lm_batches(stream_len, context, batch_size, seed=3, epoch=0, windows="random")
+    assert all(np.array_equal(a, b) for a, b in zip(plan, again))
+    other = np.concatenate(lm_batches(stream_len, context, batch_size, seed=3, epoch=1, windows="random"))
+    assert not np.array_equal(starts, other)
+
+
 def test_language_modelling_trains_from_the_token_files(tmp_path):
     shards = lm_shards(tmp_path / "shards")
     cfg = resolved({"arch": "decoder_only"}, context=16, batch_size=4, budget_tokens=640, eval_examples=8)

@@ -211,13 +211,20 @@ def _with_eos(docs, eos_id: int, dtype: np.dtype) -> np.ndarray:
 
 
 def lm_batches(stream_len: int, context: int, batch_size: int, seed: int, epoch: int,
-               shuffle: bool = True) -> list[np.ndarray]:
-    """Start offsets of non-overlapping windows, grouped into batches (the last partial one dropped)."""
+               shuffle: bool = True, windows: str = "grid") -> list[np.ndarray]:
+    """Start offsets of an epoch's windows, grouped into batches (the last partial one dropped).
+
+    `grid`: the non-overlapping windows, shuffled. `random`: as many windows at uniformly random
+    starts (any offset, overlaps allowed), drawn from (seed, epoch) so every variant of a seed gets
+    the same ones."""
     n_windows = (stream_len - 1) // context
     rng = np.random.default_rng([seed, epoch])
-    starts = np.arange(n_windows) * context
-    if shuffle:
-        starts = starts[rng.permutation(n_windows)]
+    if windows == "random":
+        starts = rng.integers(0, stream_len - context, size=n_windows)  # s + context + 1 <= stream_len
+    else:
+        starts = np.arange(n_windows) * context
+        if shuffle:
+            starts = starts[rng.permutation(n_windows)]
     return [starts[i:i + batch_size] for i in range(0, n_windows - batch_size + 1, batch_size)]
 
 

@@ -54,6 +54,7 @@ class Data:
     seed: int
     train_stream: np.ndarray | None = None
     val_stream: np.ndarray | None = None
+    lm_windows: str = "grid"  # train.lm_windows: how training windows are drawn (validation: always grid)
     _cache: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -66,7 +67,8 @@ class Data:
 
     def epoch(self, epoch: int) -> list[np.ndarray]:
         if epoch not in self._cache:
-            self._cache = {epoch: (lm_batches(len(self.train_stream), self.context, self.batch_size, self.seed, epoch)
+            self._cache = {epoch: (lm_batches(len(self.train_stream), self.context, self.batch_size, self.seed, epoch,
+                                              windows=self.lm_windows)
                                    if self.lm else seq2seq_batches(self.train, self.batch_tokens, self.seed, epoch))}
             if not self._cache[epoch]:
                 raise ValueError("training split too small for one batch (lower train.batch_size/context)")
