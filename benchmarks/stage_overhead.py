@@ -102,20 +102,36 @@ def load() -> float | None:
         return None
 
 
+def package_of(module: str) -> str | None:
+    """The most specific of PACKAGES that `module` belongs to (torch._dynamo.x -> torch._dynamo)."""
+    found = [p for p in PACKAGES if module == p or module.startswith(p + ".")]
+    return max(found, key=len) if found else None
+
+
 def import_times(stderr: str) -> dict:
-    """{package: seconds} of the first import of each of PACKAGES, and "all": every import together,
-    from `python -X importtime` output (`import time: self | cumulative | name`, nesting by indent)."""
-    out, total = {}, 0
+    """{package: seconds} of each of PACKAGES the process imported, and "all": every import together,
+    from `python -X importtime` output (`import time: self | cumulative | name`, indented by depth;
+    a module's line comes after its own imports' lines). A package's figure is the cumulative time
+    of its modules' lines that no line of the same package encloses, so it holds what it imported
+    first: nltk is counted inside rouge_score too, and torch._dynamo is not inside torch."""
+    pending: dict[int, list] = {}
     for line in stderr.splitlines():
         m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( +)(\S+)", line)
-        if not m:
-            continue
-        cumulative, indent, name = int(m[2]), len(m[3]), m[4]
-        if indent == 1:  # top level: the cumulative figures of these lines add up to every import
-            total += cumulative
-        if name in PACKAGES and name not in out:
-            out[name] = round(cumulative / 1e6, 3)
-    return {**out, "all": round(total / 1e6, 3)}
+        if m:
+            depth = (len(m[3]) - 1) // 2
+            pending.setdefault(depth, []).append((m[4], int(m[2]), pending.pop(depth + 1, [])))
+    out: dict[str, float] = {}
+
+    def walk(nodes: list, inside: frozenset) -> None:
+        for name, cumulative, children in nodes:
+            package = package_of(name)
+            if package is not None and package not in inside:
+                out[package] = out.get(package, 0.0) + cumulative / 1e6
+            walk(children, inside | {package} if package else inside)
+
+    roots = pending.get(0, [])
+    walk(roots, frozenset())
+    return {**{k: round(v, 3) for k, v in out.items()}, "all": round(sum(c for _, c, _ in roots) / 1e6, 3)}
 
 
 def scratch_command(cmd: str, scratch: Path) -> list[str]:
