@@ -1,6 +1,6 @@
 """Where a stage's fixed cost goes, per stage family: interpreter, imports, data loading, DVC.
 
-Run: python -m benchmarks.stage_overhead [--repeats 3] [--params FILE] [--keep DIR]
+Run: python -m benchmarks.stage_overhead [--repeats 3] [--params FILE] [--against CHECKOUT] [--keep DIR]
 Prints one JSON object to stdout (the stages' own output goes to stderr).
 
 A scratch project (git + DVC; the tests' tiny params with one knock-out seed, or --params) runs
@@ -23,6 +23,10 @@ Every figure has wall_s and cpu_s (user + system of the child and its children):
 the wall grows with the load and the CPU time much less (a multi-threaded torch loop spins, so its
 CPU time grows too). `load` is the 1-minute load average before and after; `ratio` = wall_s over
 python's wall_s, measured in the same run.
+
+--against CHECKOUT: a second scratch project with that checkout's model/, pipeline/ and dvc.yaml
+(the code before a change, say), measured figure by figure in turn with this one, so a busy
+machine's load falls on both alike; `ratio_to_against` = this code's wall over the other's.
 """
 from __future__ import annotations
 
@@ -143,15 +147,34 @@ def scratch_command(cmd: str, scratch: Path) -> list[str]:
     return words
 
 
-def make_project(path: Path, params: dict | None) -> dict:
+def make_project(path: Path, params: dict | None, code: Path) -> dict:
+    """A scratch git + DVC project with `code`'s model/, pipeline/ and dvc.yaml; its environment."""
     from tests.tiny_project import make_project as tiny_project
     from tests.tiny_project import tiny_params
 
     env = tiny_project(path, params or tiny_params(knockout={"seeds": [0]}))
+    if code != ROOT:
+        for name in ("model", "pipeline"):
+            shutil.rmtree(path / name)
+            shutil.copytree(code / name, path / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copy(code / "dvc.yaml", path / "dvc.yaml")
     sh = {"cwd": path, "env": env, "check": True, "capture_output": True}
     subprocess.run(["git", "add", "-A"], **sh)
     subprocess.run(["git", "commit", "-qm", "benchmark project"], **sh)
     return env
+
+
+def repro(project: Path, env: dict) -> dict:
+    """`dvc repro` of the project, timed per stage (benchmarks.stage_times)."""
+    lines, start = [], time.perf_counter()
+    with subprocess.Popen(["dvc", "repro"], cwd=project, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            lines.append((time.perf_counter(), line.rstrip("\n")))
+            print(line, end="", file=sys.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"stage_overhead: `dvc repro` of {project} failed")
+    return stage_times(lines, start, time.perf_counter())
 
 
 def family_figures(family: str, stage: str, cmd: str, project: Path, env: dict, n: int, python: dict) -> dict:
@@ -186,53 +209,66 @@ def family_figures(family: str, stage: str, cmd: str, project: Path, env: dict, 
     return out
 
 
+def measure(projects: dict[str, tuple[Path, dict]], n: int) -> dict:
+    """Every figure for each project, the projects taking turns figure by figure (so a change of
+    load on a shared machine falls on both alike)."""
+    out = {name: {"repro": repro(project, env)} for name, (project, env) in projects.items()}
+    for name, (project, env) in projects.items():
+        out[name]["python"] = repeat([sys.executable, "-c", "pass"], project, env, n)
+        # Before any stage is forced to rerun below, while every stage is up to date.
+        out[name]["dvc"] = {"status": repeat(["dvc", "status"], project, env, n),
+                            "repro_single_item_up_to_date": repeat(["dvc", "repro", "--single-item", "report"],
+                                                                   project, env, n)}
+        for figures in out[name]["dvc"].values():
+            figures["ratio"] = round(figures["wall_s"] / out[name]["python"]["wall_s"], 1)
+        out[name]["families"] = {}
+    for family in FAMILIES:
+        for name, (project, env) in projects.items():
+            lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+            stage = next((s for s in lock if s.split("@")[0] == family), None)
+            if stage is not None:
+                print(f"stage_overhead: {name} {stage}", file=sys.stderr)
+                figures = family_figures(family, stage, lock[stage]["cmd"], project, env, n, out[name]["python"])
+                figures["in_dvc_repro_s"] = out[name]["repro"]["stages"].get(stage)
+                out[name]["families"][family] = figures
+    for name, (project, env) in projects.items():
+        out[name]["python_end"] = repeat([sys.executable, "-c", "pass"], project, env, n)
+        out[name]["repro"] = {"total_s": out[name]["repro"]["total_s"], "families_s": out[name]["repro"]["families"]}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--params", type=Path, help="params.yaml for the scratch project (default: the tests' tiny "
                         "params with knockout.seeds [0])")
-    parser.add_argument("--keep", type=Path, help="build the scratch project here and keep it")
+    parser.add_argument("--against", type=Path, help="another checkout (e.g. `git worktree add /tmp/before HEAD~1`): "
+                        "its code measured the same way, turn about with this one's, and the ratios of the two")
+    parser.add_argument("--keep", type=Path, help="build the scratch projects here and keep them")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="stage-overhead-"))
-    project = root / "project"
+    params = yaml.safe_load(args.params.read_text()) if args.params else None
     load_start = load()
     try:
-        env = make_project(project, yaml.safe_load(args.params.read_text()) if args.params else None)
-        lines, start = [], time.perf_counter()
-        with subprocess.Popen(["dvc", "repro"], cwd=project, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) as proc:
-            for line in proc.stdout:
-                lines.append((time.perf_counter(), line.rstrip("\n")))
-                print(line, end="", file=sys.stderr)
-        if proc.returncode != 0:
-            raise SystemExit("stage_overhead: `dvc repro` of the scratch project failed")
-        repro = stage_times(lines, start, time.perf_counter())
-        lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
-        python = repeat([sys.executable, "-c", "pass"], project, env, args.repeats)
-        # Before any stage is forced to rerun below, while every stage is up to date.
-        dvc = {"status": repeat(["dvc", "status"], project, env, args.repeats),
-               "repro_single_item_up_to_date": repeat(["dvc", "repro", "--single-item", "report"], project, env,
-                                                      args.repeats)}
-        families = {}
-        for family in FAMILIES:
-            stage = next((s for s in lock if s.split("@")[0] == family), None)
-            if stage is not None:
-                print(f"stage_overhead: {stage}", file=sys.stderr)
-                families[family] = family_figures(family, stage, lock[stage]["cmd"], project, env, args.repeats, python)
-                families[family]["in_dvc_repro_s"] = repro["stages"].get(stage)
-        python_end = repeat([sys.executable, "-c", "pass"], project, env, args.repeats)
+        codes = {"this": ROOT, **({"against": args.against.resolve()} if args.against else {})}
+        projects = {}
+        for name, code in codes.items():
+            projects[name] = (root / name, make_project(root / name, params, code))
+        results = measure(projects, args.repeats)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
-    for figures in dvc.values():
-        figures["ratio"] = round(figures["wall_s"] / python["wall_s"], 1)
-    print(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
-        "load": {"start": load_start, "end": load()},
-        "repeats": args.repeats, "params": str(args.params) if args.params else "tests.tiny_project (knockout.seeds [0])",
-        "python": {"start": python, "end": python_end}, "dvc": dvc,
-        "dvc_repro": {"total_s": repro["total_s"], "families_s": repro["families"]},
-        "families": families}, indent=2))
+    out = {"machine": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
+           "load": {"start": load_start, "end": load()}, "repeats": args.repeats,
+           "params": str(args.params) if args.params else "tests.tiny_project (knockout.seeds [0])",
+           **results["this"]}
+    if args.against:
+        out["against"] = {"code": str(args.against), **results["against"]}
+        # this / against, per family: below 1 this code's stage is cheaper.
+        out["ratio_to_against"] = {f: {k: round(v[k]["wall_s"] / results["against"]["families"][f][k]["wall_s"], 2)
+                                       for k in ("import", "run")}
+                                   for f, v in results["this"]["families"].items() if f in results["against"]["families"]}
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

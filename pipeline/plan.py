@@ -40,7 +40,7 @@ import torch
 from pipeline.params import load_params
 from pipeline.planning.calibration import Calibration, calibrate, reference_peak
 from pipeline.planning.estimate import PlanError, Row, plan, ram_bytes, read_manifest
-from pipeline.planning.study import families, fit_costs, schedule, study_stages
+from pipeline.planning.study import families, fit_costs, loop_slowdown, schedule, study_stages
 
 # --device: (name in device.GPU_PEAK_BF16, memory in bytes from the vendor's data sheet).
 GPUS = {"h100": ("H100", 80 * 10**9), "a100": ("A100", 80 * 10**9), "4090": ("4090", 24 * 10**9)}
@@ -138,12 +138,15 @@ def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: in
         return {"error": str(exc)}
     loops = {(r.variant, r.scale): r.seconds_per_run for r in rows}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    slowdown = max(1.0, jobs * (params.train.threads or cores) / cores) if facts["device"].startswith("cpu") else 1.0
+    slowdown = loop_slowdown(jobs, params.train.threads, cores) if facts["device"].startswith("cpu") else 1.0
     serial = study_stages(params, loops, costs)
     stages = study_stages(params, loops, costs, slowdown)
+    note = "" if facts["device"].startswith("cpu") else (
+        " The stage costs are CPU studies' (no GPU study has timed its stages yet): a GPU's CUDA start-up and "
+        "a GPU host's CPU speed are not in them, and --jobs stages are assumed not to slow each other's loops.")
     return {"jobs": jobs, "wall_s": schedule(stages, jobs), "serial_s": schedule(serial, 1), "stages": len(stages),
             "loop_slowdown": slowdown, "families": families(serial), "costs": asdict(costs),
-            "costs_source": costs.describe()}
+            "costs_source": costs.describe(), "note": note}
 
 
 def study_text(study: dict) -> str:
@@ -158,7 +161,7 @@ def study_text(study: dict) -> str:
             f"({study['stages']} stages; serial `dvc repro`: {fmt_time(study['serial_s'])} = {', '.join(parts)})")
     if study["loop_slowdown"] > 1:
         line += f"; {study['jobs']} stages at a time share the cores: each training loop x{study['loop_slowdown']:.2g}"
-    return line + f". Stage costs: {study['costs_source']}."
+    return line + f". Stage costs: {study['costs_source']}.{study['note']}"
 
 
 def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source: str) -> str:

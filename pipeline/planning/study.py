@@ -118,6 +118,12 @@ def fit_costs(folders: list[Path]) -> StageCosts:
     return StageCosts(per_stage, med("train_fixed"), sorted(measured))
 
 
+def loop_slowdown(jobs: int, threads: int, cores: int) -> float:
+    """How much longer a CPU training loop of `threads` threads (0: auto, every free core) takes
+    when `jobs` stages share `cores` cores (module docstring)."""
+    return max(1.0, jobs * (threads or cores) / cores)
+
+
 def study_stages(params: Params, loop_s: dict[tuple[str, str | None], float], costs: StageCosts,
                  slowdown: float = 1.0) -> list[Stage]:
     """Every stage of `params` with its seconds; `loop_s[(variant, scale)]` is one run's predicted
