@@ -316,4 +316,3 @@ def test_a_character_vocabulary_is_read_from_the_reported_embeddings():
     counts = calibration.parameter_counts(report.read_text())["baseline"]
     cfg, model = calibration.matched_model(resolve_variant(params, "baseline"), params, "baseline", counts)
     assert model.param_counts()["embeddings"] == counts["embeddings"] and cfg.vocab_size < params.train_bpe.vocab_size
-
