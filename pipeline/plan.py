@@ -3,6 +3,7 @@
     python -m pipeline.plan                          # this machine's CPU
     python -m pipeline.plan --device h100 --mfu 0.4  # or a100 | 4090: datasheet peak x MFU
     python -m pipeline.plan --params presets/tinystories.yaml --device 4090 --json
+    python -m pipeline.plan --jobs 2                 # the study's wall with two stages at a time
 
 Not a DVC stage: it reads params.yaml (and, where they exist, the encode stage's manifest and the
 committed study reports) and writes nothing. Per variant (and scale point) and in total it prints
@@ -20,13 +21,17 @@ Design decisions:
   cached peak x MFU), the three constants fitted to the wall times of committed CPU studies
   (reports/**/report.md, whose cost tables the report stage writes from each run's train.json;
   pipeline/planning/calibration.py).
-- Not included: the data stages and the evaluate stage (its decoding cost depends on what the
-  model generates); the train stage's own validation passes are in the measured CPU walls only.
+- The study: every stage dvc.yaml lays out (data stages, train, evaluate, knock-outs, report),
+  each the training loop above plus its family's fixed cost, or its family's measured seconds per
+  stage, as the committed studies' run.json measured them (`stage_s`), scheduled on --jobs slots
+  as the grid launcher runs them (pipeline/planning/study.py). --jobs 1 is a serial `dvc repro`.
+- The train stage's own validation passes are in the measured CPU walls only.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -35,6 +40,7 @@ import torch
 from pipeline.params import load_params
 from pipeline.planning.calibration import Calibration, calibrate, reference_peak
 from pipeline.planning.estimate import PlanError, Row, plan, ram_bytes, read_manifest
+from pipeline.planning.study import families, fit_costs, loop_slowdown, schedule, study_stages
 
 # --device: (name in device.GPU_PEAK_BF16, memory in bytes from the vendor's data sheet).
 GPUS = {"h100": ("H100", 80 * 10**9), "a100": ("A100", 80 * 10**9), "4090": ("4090", 24 * 10**9)}
@@ -123,6 +129,41 @@ def table(rows: list[Row], facts: dict) -> str:
     return "\n".join(lines)
 
 
+def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: int) -> dict:
+    """The study's stages timed and scheduled on `jobs` slots (pipeline/planning/study.py); on a CPU
+    the slots share this machine's cores. {"error": why} where no committed study timed its stages."""
+    try:
+        costs = fit_costs(sorted(p.parent for p in calibration.rglob("run.json")))
+    except PlanError as exc:
+        return {"error": str(exc)}
+    loops = {(r.variant, r.scale): r.seconds_per_run for r in rows}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    slowdown = loop_slowdown(jobs, params.train.threads, cores) if facts["device"].startswith("cpu") else 1.0
+    serial = study_stages(params, loops, costs)
+    stages = study_stages(params, loops, costs, slowdown)
+    note = "" if facts["device"].startswith("cpu") else (
+        " The stage costs are CPU studies' (no GPU study has timed its stages yet): a GPU's CUDA start-up and "
+        "a GPU host's CPU speed are not in them, and --jobs stages are assumed not to slow each other's loops.")
+    return {"jobs": jobs, "wall_s": schedule(stages, jobs), "serial_s": schedule(serial, 1), "stages": len(stages),
+            "loop_slowdown": slowdown, "families": families(serial), "costs": asdict(costs),
+            "costs_source": costs.describe(), "note": note}
+
+
+def study_text(study: dict) -> str:
+    if "error" in study:
+        return f"Study wall: not predicted ({study['error']})."
+    fam = study["families"]
+    parts = [f"training loops {fmt_time(fam['train']['loop_seconds'])}",
+             f"train stages' fixed cost {fmt_time(fam['train']['seconds'] - fam['train']['loop_seconds'])}"]
+    parts += [f"{name} {fam[name]['stages']} x {fmt_time(fam[name]['seconds'] / fam[name]['stages'])}"
+              for name in ("evaluate", "knockout", "data", "report") if name in fam]
+    line = (f"Study wall: **{fmt_time(study['wall_s'])}** at --jobs {study['jobs']} "
+            f"({study['stages']} stages; serial `dvc repro`: {fmt_time(study['serial_s'])} = {', '.join(parts)})")
+    if study["loop_slowdown"] > 1:
+        line += f"; {study['jobs']} stages at a time share the cores: each training loop x{study['loop_slowdown']:.2g}"
+    return line + f". Stage costs: {study['costs_source']}.{study['note']}"
+
+
 def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source: str) -> str:
     cpu = facts["device"].startswith("cpu")
     time = facts["time"]
@@ -135,8 +176,8 @@ def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source:
     out = [f"Plan for {params_path} on {facts['device']}: peak {facts['peak_flops']:.3g} FLOP/s "
            f"({facts['peak_source']}); {model}.",
            f"Sequence lengths: {lengths_source}.", "", table(rows, facts), "",
-           "Time is training only, one run after another on one device (data stages and the evaluate "
-           "stage are not included). Memory: fp32 weights, gradients and AdamW's two moments, plus the "
+           "Time per run is the training loop, one run after another on one device; the study line below "
+           "adds every stage's fixed cost, evaluation and knock-outs. Memory: fp32 weights, gradients and AdamW's two moments, plus the "
            "activations of the largest batch (" + rows[0].memory["batch"] + " for the first row) and the "
            "fp32 gradient of its logits (backward's other transients are not counted: leave headroom), "
            + ("float32 as on CPU." if cpu else "bf16 autocast as on CUDA.")]
@@ -153,8 +194,9 @@ def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source:
     return "\n".join(out)
 
 
-def brief(params_path: Path, rows: list[Row], facts: dict, lm: bool, has_manifest: bool) -> str:
-    """One line: runs, time per run (range) and in all, the largest run's memory and whether it fits."""
+def brief(params_path: Path, rows: list[Row], facts: dict, lm: bool, has_manifest: bool, study: dict) -> str:
+    """One line: runs, time per run (range) and in all, the study's wall, the largest run's memory
+    and whether it fits."""
     per_run = sorted(r.seconds_per_run for r in rows)
     span = fmt_time(per_run[0]) + ("" if fmt_time(per_run[-1]) == fmt_time(per_run[0]) else f"-{fmt_time(per_run[-1])}")
     biggest = max(rows, key=lambda r: r.memory["total"])
@@ -164,9 +206,10 @@ def brief(params_path: Path, rows: list[Row], facts: dict, lm: bool, has_manifes
            f"MFU {time.mfu:.2g}, at least {time.sublayer_s * 1000:.2g} ms/sublayer/step")
     guess = "" if lm or has_manifest else "; seq2seq lengths at the filter's limits (rough until encode has run)"
     fits = "fits" if all(r.fits for r in rows) else "DOES NOT FIT"
+    wall = "" if "error" in study else f"; the study {fmt_time(study['wall_s'])} at --jobs {study['jobs']}"
     return (f"{params_path}: {sum(r.runs for r in rows)} runs on {facts['device']} ({facts['peak_flops']:.3g} FLOP/s "
-            f"x {how}): {span} each, {fmt_time(sum(r.seconds_per_run * r.runs for r in rows))} in all; peak memory "
-            f"{fmt_bytes(biggest.memory['total'])} per run of {fmt_bytes(facts['memory_bytes'])} ({fits}){guess}")
+            f"x {how}): {span} each, {fmt_time(sum(r.seconds_per_run * r.runs for r in rows))} in all{wall}; peak "
+            f"memory {fmt_bytes(biggest.memory['total'])} per run of {fmt_bytes(facts['memory_bytes'])} ({fits}){guess}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-peak", choices=("measured", "studies"), default="measured",
                         help="cpu: this machine's float32 peak (measured once, cached), or the one the committed "
                         "studies ran at (their machine; a measurement on a busy machine reads low)")
+    parser.add_argument("--jobs", "-j", type=int, default=1,
+                        help="stages at a time, as `python -m pipeline.grid -j N` runs them (default 1: `dvc repro`)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     parser.add_argument("--brief", action="store_true", help="one line: runs, time, memory")
     args = parser.parse_args(argv)
@@ -190,12 +235,15 @@ def main(argv: list[str] | None = None) -> None:
             raise PlanError(f"--device: unknown device {args.device!r} (choose {', '.join(GPUS)} or cpu)")
         if args.mfu is not None and not 0 < args.mfu <= 1:
             raise PlanError(f"--mfu: {args.mfu:g} is not a fraction in (0, 1]")
+        if args.jobs < 1:
+            raise PlanError(f"--jobs: {args.jobs} is not a positive number of stages at a time")
         params = load_params(args.params)
         reports = sorted(args.calibration.rglob("report.md"))
         facts = device_facts(args.device, args.mfu, reports, args.cpu_peak)
         manifest = read_manifest(args.shards)
         rows, why = plan(params, manifest, args.device, facts["peak_flops"], facts["time"], facts["memory_bytes"],
                          args.shards)
+        study = study_wall(params, rows, facts, args.calibration, args.jobs)
     except (ValueError, OSError) as exc:  # ParamsError and PlanError are ValueErrors
         raise SystemExit(f"plan: {str(exc).strip().splitlines()[0]}") from None
     if args.json:
@@ -203,11 +251,11 @@ def main(argv: list[str] | None = None) -> None:
                           "rows": [asdict(r) for r in rows],
                           "total": {"runs": sum(r.runs for r in rows),
                                     "seconds": sum(r.seconds_per_run * r.runs for r in rows),
-                                    "all_fit": all(r.fits for r in rows)}}, indent=2))
+                                    "all_fit": all(r.fits for r in rows)}, "study": study}, indent=2))
     elif args.brief:
-        print(brief(args.params, rows, facts, why.startswith("language"), manifest is not None))
+        print(brief(args.params, rows, facts, why.startswith("language"), manifest is not None, study))
     else:
-        print(report_text(args.params, rows, facts, why))
+        print(report_text(args.params, rows, facts, why) + "\n" + study_text(study))
 
 
 if __name__ == "__main__":

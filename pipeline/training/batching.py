@@ -59,16 +59,29 @@ def reading_shard(path: Path) -> Iterator[None]:
                          f"with `dvc repro --force encode`") from None
 
 
+def numpy_view(array: pa.Array) -> np.ndarray:
+    """An integer arrow array without nulls as a read-only numpy view of its buffer, no copy: what
+    Array.to_numpy gives, without the pandas import it makes first (~0.3 s of every stage that
+    reads shards: benchmarks/stage_overhead.py)."""
+    if array.null_count or not pa.types.is_integer(array.type):
+        return array.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(str(array.type))
+    view = np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+    view.flags.writeable = False
+    return view
+
+
 def load_split(shards: Path, manifest: dict, split: str, limit: int | None = None) -> Split:
     src, tgt = [], []
     for name in manifest["splits"][split]["files"]:
         # memory_map: pages come from the OS cache instead of a second copy in Python's heap.
+        # ParquetFile, not pq.read_table: the same table, without read_table's import of
+        # pyarrow.dataset (and through it pandas), ~0.3 s of every stage that reads shards.
         with reading_shard(Path(shards) / name):
-            table = pq.read_table(Path(shards) / name, memory_map=True, columns=["src_ids", "tgt_ids"])
+            table = pq.ParquetFile(Path(shards) / name, memory_map=True).read(columns=["src_ids", "tgt_ids"])
         for column, out in (("src_ids", src), ("tgt_ids", tgt)):
             col = table.column(column).combine_chunks()
-            values = col.values.to_numpy(zero_copy_only=False)
-            offsets = col.offsets.to_numpy()
+            values, offsets = numpy_view(col.values), numpy_view(col.offsets)
             out.extend(values[offsets[i]:offsets[i + 1]] for i in range(len(col)))
         if limit is not None and len(src) >= limit:
             break
@@ -84,12 +97,13 @@ def load_texts(shards: Path, manifest: dict, split: str, limit: int | None = Non
     for name in manifest["splits"][split]["files"]:
         path = Path(shards) / name
         with reading_shard(path):
-            columns = pq.ParquetFile(path).schema_arrow.names
+            shard = pq.ParquetFile(path)
+            columns = shard.schema_arrow.names
         if "tgt_text" not in columns:
             raise ValueError(f"{path}: shard has no raw text (made by an older encode stage); "
                              f"rerun `dvc repro encode`")
         with reading_shard(path):
-            table = pq.read_table(path, columns=["src_text", "tgt_text"])
+            table = shard.read(columns=["src_text", "tgt_text"])
         src += table.column("src_text").to_pylist()
         tgt += table.column("tgt_text").to_pylist()
         if limit is not None and len(src) >= limit:

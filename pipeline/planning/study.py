@@ -1,0 +1,196 @@
+"""A study's wall time: the stages dvc.yaml lays out for one params.yaml, each one's predicted
+seconds, scheduled on `jobs` slots as the grid launcher runs them.
+
+    stage seconds = its family's fixed cost + its work
+
+- train, train_lr, train_scale: the training loop the time model predicts (estimate.plan's
+  Row.seconds_per_run) + a fixed cost per train stage (process start, imports, reading the data,
+  saving the model, DVC's hashing and dvc.lock): the committed studies' train seconds (run.json
+  `stage_s`, which benchmarks/stage_times.py measures from `dvc repro`'s output) less their runs'
+  measured loops (report.md's per-run walls, from train.json), per train stage.
+- every other family (check_params, download, filter, train_bpe, encode, evaluate, knockout,
+  report): its measured seconds per stage in the committed studies (stage_s over the number of
+  the family's stages; evaluate_lr and evaluate_scale are evaluate stages). Evaluation is short
+  next to training and its work depends on what the model generates, so the measured figure
+  holds its work and fixed cost together. A family no other study ran (knockout) takes evaluate's
+  figure: both load a trained run and score held-out data.
+- Each figure is the median over the committed studies that measured it: one study run while the
+  machine was busy moves it little.
+- Concurrency: list scheduling on `jobs` slots, dependencies as in dvc.yaml (the data stages in a
+  chain, then every train; each evaluate after its train; knockout@s after train@<baseline>-s;
+  the report after all). A stage that finishes a run (evaluate, knock-out) takes a free slot
+  before another train, as the launcher starts them as soon as their run is done. jobs = 1 is the
+  sum, what a serial `dvc repro` takes.
+- On a CPU the slots share the cores: a training loop of `threads` threads runs
+  max(1, jobs x threads / cores) times as long (the fixed costs, mostly one thread, do not).
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.params import Params, load_params
+from pipeline.planning.calibration import markdown_table, number
+from pipeline.planning.estimate import PlanError
+
+DATA = ("check_params", "download", "filter", "train_bpe", "encode")
+FIXED = (*DATA, "evaluate", "knockout", "report")  # families timed per stage as measured
+TRAINS = ("train", "train_lr", "train_scale")
+EVALS = ("evaluate", "evaluate_lr", "evaluate_scale")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # as dvc.yaml names it: train@baseline-0, evaluate_lr@baseline-0-0.01, knockout@0
+    family: str  # the dvc.yaml stage it is an item of
+    seconds: float
+    deps: tuple[str, ...] = ()
+    loop_s: float = 0.0  # of `seconds`, the training loop (train families only)
+
+
+@dataclass
+class StageCosts:
+    """Seconds per stage, measured in the committed studies (module docstring)."""
+    per_stage: dict[str, float]  # family in FIXED -> seconds per stage
+    train_fixed_s: float  # a train stage's seconds besides its training loop
+    studies: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (f"per-stage costs measured in {len(self.studies)} committed serial studies "
+                f"({', '.join(self.studies)}): train stage {self.train_fixed_s:.2g} s + its loop, evaluate "
+                f"{self.per_stage['evaluate']:.2g} s, knockout {self.per_stage['knockout']:.2g} s, report "
+                f"{self.per_stage['report']:.2g} s, data stages {sum(self.per_stage[f] for f in DATA):.2g} s")
+
+
+def stage_counts(params: Params) -> dict[str, int]:
+    """How many stages of each dvc.yaml family `params` lays out."""
+    runs = len(params.ablations) * len(params.seeds)
+    counts = {f: 1 for f in (*DATA, "report")}
+    for train, evaluate, n in (("train", "evaluate", runs), ("train_lr", "evaluate_lr", runs * len(params.lr_sweep)),
+                               ("train_scale", "evaluate_scale", runs * len(params.scales))):
+        counts[train] = counts[evaluate] = n
+    counts["knockout"] = len(params.knockout.seeds)
+    return counts
+
+
+def measured_loops(report: Path) -> list[float]:
+    """Every main run's training-loop wall, from report.md's per-run table (contended ones too:
+    they were part of the study's wall)."""
+    return [number(r["wall time (s)"].replace("⚠", "").strip()) for r in markdown_table(
+        report.read_text(encoding="utf-8"), "Per-run values") if r.get("wall time (s)", "—") not in ("", "—")]
+
+
+def measured_study(folder: Path) -> dict | None:
+    """{family: seconds per stage, "train_fixed": ...} of one committed study folder (run.json with
+    stage_s, params.yaml, report.md); None where run.json has no per-stage times."""
+    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    if not run.get("stage_s") or run.get("jobs", 1) != 1:
+        return None
+    stage_s, counts = run["stage_s"], stage_counts(load_params(folder / "params.yaml"))
+    out = {f: stage_s[f] / counts[f] for f in (*DATA, "knockout", "report") if counts[f] and f in stage_s}
+    evals = sum(counts[f] for f in EVALS if f in stage_s)
+    if evals:
+        out["evaluate"] = sum(stage_s[f] for f in EVALS if f in stage_s) / evals
+    loops = measured_loops(folder / "report.md")
+    if "train" in stage_s and len(loops) == counts["train"]:
+        out["train_fixed"] = (stage_s["train"] - sum(loops)) / counts["train"]
+    return out
+
+
+def fit_costs(folders: list[Path]) -> StageCosts:
+    """The median per-stage figures over the committed studies in `folders`."""
+    measured = {f.name: m for f in folders if (f / "run.json").is_file() and (m := measured_study(f))}
+    if not measured:
+        raise PlanError("no committed study has a run.json with per-stage times (stage_s) to time the stages on")
+
+    def med(key: str) -> float | None:
+        values = [m[key] for m in measured.values() if key in m]
+        return statistics.median(values) if values else None
+
+    per_stage = {f: med(f) for f in FIXED}
+    if per_stage["evaluate"] is None or med("train_fixed") is None:
+        raise PlanError(f"the committed studies ({', '.join(measured)}) time no evaluate or train stage")
+    per_stage = {f: v if v is not None else per_stage["evaluate"] if f == "knockout" else 0.0
+                 for f, v in per_stage.items()}
+    return StageCosts(per_stage, med("train_fixed"), sorted(measured))
+
+
+def loop_slowdown(jobs: int, threads: int, cores: int) -> float:
+    """How much longer a CPU training loop of `threads` threads (0: auto, every free core) takes
+    when `jobs` stages share `cores` cores (module docstring)."""
+    return max(1.0, jobs * (threads or cores) / cores)
+
+
+def study_stages(params: Params, loop_s: dict[tuple[str, str | None], float], costs: StageCosts,
+                 slowdown: float = 1.0) -> list[Stage]:
+    """Every stage of `params` with its seconds; `loop_s[(variant, scale)]` is one run's predicted
+    training loop (scale None: the main size), `slowdown` what sharing the machine does to it."""
+    fixed = costs.per_stage
+    stages = [Stage(f, f, fixed[f], (DATA[i - 1],) if i else ()) for i, f in enumerate(DATA)]
+    ends = []  # what the report waits for
+
+    def run(family: str, key: str, loop: float, evaluate: str) -> None:
+        loop *= slowdown
+        stages.append(Stage(f"{family}@{key}", family, costs.train_fixed_s + loop, ("encode",), loop))
+        stages.append(Stage(f"{evaluate}@{key}", evaluate, fixed["evaluate"], (f"{family}@{key}",)))
+        ends.extend(s.name for s in stages[-2:])
+
+    for variant in params.ablations:
+        for seed in params.seeds:
+            run("train", f"{variant}-{seed}", loop_s[(variant, None)], "evaluate")
+            for lr in params.lr_sweep:
+                run("train_lr", f"{variant}-{seed}-{lr:g}", loop_s[(variant, None)], "evaluate_lr")
+            for scale in params.scales:
+                run("train_scale", f"{variant}-{seed}-{scale}", loop_s[(variant, scale)], "evaluate_scale")
+    for seed in params.knockout.seeds:
+        stages.append(Stage(f"knockout@{seed}", "knockout", fixed["knockout"], (f"train@{params.report.baseline}-{seed}",)))
+        ends.append(stages[-1].name)
+    stages.append(Stage("report", "report", fixed["report"], tuple(ends)))
+    return stages
+
+
+def schedule(stages: list[Stage], jobs: int) -> float:
+    """The wall time of running `stages` on `jobs` slots: whenever a slot is free it takes the first
+    ready stage, evaluations and knock-outs before new trains, else in dvc.yaml's order."""
+    if jobs < 1:
+        raise PlanError(f"--jobs: {jobs} is not a positive number of slots")
+    waiting = {s.name: set(s.deps) for s in stages}
+    users: dict[str, list[Stage]] = {}
+    for s in stages:
+        for dep in s.deps:
+            users.setdefault(dep, []).append(s)
+    order = {s.name: (s.family in TRAINS, i) for i, s in enumerate(stages)}
+    ready = [(order[s.name], s) for s in stages if not s.deps]
+    heapq.heapify(ready)
+    running: list[tuple[float, int, Stage]] = []
+    now, started = 0.0, 0
+    while ready or running:
+        while ready and len(running) < jobs:
+            _, stage = heapq.heappop(ready)
+            heapq.heappush(running, (now + stage.seconds, started, stage))
+            started += 1
+        now, _, stage = heapq.heappop(running)
+        for user in users.get(stage.name, []):
+            waiting[user.name].discard(stage.name)
+            if not waiting[user.name]:
+                heapq.heappush(ready, (order[user.name], user))
+    if started != len(stages):
+        raise PlanError("the stages' dependencies form a circle")  # dvc.yaml's never do
+    return now
+
+
+def families(stages: list[Stage]) -> dict[str, dict]:
+    """Per family group (data, train, evaluate, knockout, report): stages and serial seconds; the
+    train group also its loops' seconds."""
+    group = {**{f: "data" for f in DATA}, **{f: "train" for f in TRAINS}, **{f: "evaluate" for f in EVALS},
+             "knockout": "knockout", "report": "report"}
+    out: dict[str, dict] = {}
+    for s in stages:
+        g = out.setdefault(group[s.family], {"stages": 0, "seconds": 0.0, "loop_seconds": 0.0})
+        g["stages"] += 1
+        g["seconds"] += s.seconds
+        g["loop_seconds"] += s.loop_s
+    return out

@@ -1,0 +1,144 @@
+"""pipeline.plan's study wall (pipeline/planning/study.py): every stage dvc.yaml lays out, timed as the
+committed studies measured their stages, scheduled on --jobs slots; checked against each committed
+study's run.json wall, leaving that study out of every fit (no timing here: the walls are committed)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeline import plan
+from pipeline.params import load_params
+from pipeline.planning import calibration, estimate, study
+from tests.test_plan import REPORTS, ROOT, STUDY_TOLERANCE, fitted_without, write
+from tests.tiny_project import tiny_params
+
+
+STUDIES = sorted(p.parent for p in (ROOT / "reports" / "studies").glob("*/run.json"))
+
+
+def variant_walls(report: Path) -> dict[str, float]:
+    """Each variant's mean measured training loop (report.md's per-run table)."""
+    walls: dict[str, list[float]] = {}
+    for r in calibration.markdown_table(report.read_text(encoding="utf-8"), "Per-run values"):
+        walls.setdefault(r["variant"], []).append(calibration.number(r["wall time (s)"].replace("⚠", "")))
+    return {v: sum(w) / len(w) for v, w in walls.items()}
+
+
+def planned_loops(folder: Path, cal: calibration.Calibration, peak: float) -> dict:
+    """{(variant, scale): one run's training loop} for a committed study, under the time model `cal`.
+    A language model's whole plan needs only its params. A seq2seq study's steps and batches need
+    its data, which the tests do not have: a variant takes the time model on the steps, FLOPs and
+    mean batch its report recorded (as test_translation_preset_wall_within_tolerance), and where
+    an older report has no such columns (cnn_dailymail_cpu, multi30k_cpu) its measured loops, so
+    those two check the stage model alone; scale points keep the plan's guess without data."""
+    params = load_params(folder / "params.yaml")
+    rows = estimate.plan(params, None, "cpu", peak, cal, estimate.ram_bytes())[0]
+    loops = {(r.variant, r.scale): r.seconds_per_run for r in rows}
+    if estimate.task_of(params) != "language_modeling":
+        report = folder / "report.md"
+        recorded = {p.variant: cal.cpu_seconds(p.steps, p.sublayers, p.act_bytes, p.flops, peak)
+                    for p in calibration.study_points(report)}
+        measured = variant_walls(report)
+        for variant in params.ablations:
+            loops[(variant, None)] = recorded.get(variant, measured[variant])
+    return loops
+
+
+# Issue #33: each committed study's serial wall (run.json, `dvc repro` on 2 cores) within ±30% of the
+# plan's, every figure fitted to the other studies (the training time model and the stage costs).
+# Errors as of this writing: nanogpt_shakespeare_char -0.3%, tinystories_cpu +25%, tiny_shakespeare_cpu
+# -18%, multi30k_comparisons_cpu -19%; cnn_dailymail_cpu and multi30k_cpu (measured loops) -3%.
+@pytest.mark.parametrize("folder", STUDIES, ids=[f.name for f in STUDIES])
+def test_study_wall_within_tolerance(folder):
+    cal, peak = fitted_without(folder / "report.md")
+    costs = study.fit_costs([f for f in STUDIES if f != folder])
+    assert folder.name not in costs.studies
+    params, run = load_params(folder / "params.yaml"), json.loads((folder / "run.json").read_text())
+    jobs = run.get("jobs", 1)  # every committed study so far ran serially
+    slowdown = study.loop_slowdown(jobs, params.train.threads, run["cpu_count"])
+    predicted = study.schedule(study.study_stages(params, planned_loops(folder, cal, peak), costs, slowdown), jobs)
+    assert abs(predicted / run["wall_s"] - 1) <= STUDY_TOLERANCE, f"study wall {predicted:.0f} s, measured {run['wall_s']} s"
+
+
+def test_stage_costs_are_the_measured_ones():
+    """The default fit's figures are the committed run.json's own: nanoGPT's knock-outs per seed,
+    and a train stage's cost besides its loop (stage_s less the per-run table's walls)."""
+    folder = ROOT / "reports" / "studies" / "nanogpt_shakespeare_char"
+    run = json.loads((folder / "run.json").read_text())
+    measured = study.measured_study(folder)
+    assert measured["knockout"] == pytest.approx(run["stage_s"]["knockout"] / 3)
+    assert measured["train_fixed"] == pytest.approx(
+        (run["stage_s"]["train"] - sum(study.measured_loops(folder / "report.md"))) / 12)
+    assert 0 < measured["train_fixed"] < 10  # seconds: process start, imports, data, save, DVC
+    costs = study.fit_costs(STUDIES)
+    assert costs.per_stage["knockout"] == pytest.approx(measured["knockout"])  # the one study with knock-outs
+
+
+def toy_stages(loop: float = 10.0):
+    params = load_params(ROOT / "params.yaml")
+    costs = study.StageCosts({f: 1.0 for f in study.FIXED}, 2.0, ["toy"])
+    return params, study.study_stages(params, {(v, None): loop for v in params.ablations}, costs)
+
+
+def test_one_job_is_the_sum_and_many_are_the_critical_path():
+    params, stages = toy_stages()
+    runs = len(params.ablations) * len(params.seeds)
+    assert len(stages) == 5 + 2 * runs + len(params.knockout.seeds) + 1
+    assert study.schedule(stages, 1) == pytest.approx(sum(s.seconds for s in stages))
+    # Unlimited slots: data chain (5 x 1) + train (2 + 10) + its evaluate or knock-out (1) + report (1).
+    assert study.schedule(stages, 1000) == pytest.approx(5 + 12 + 1 + 1)
+    walls = [study.schedule(stages, j) for j in (1, 2, 3, 4, 8)]
+    assert walls == sorted(walls, reverse=True)
+    # Two slots can at best halve the work after the data chain.
+    assert study.schedule(stages, 2) >= 5 + (sum(s.seconds for s in stages) - 5) / 2 - 1e-9
+
+
+def test_a_stage_never_starts_before_what_it_depends_on():
+    """Dependencies honoured: a knock-out waits for its seed's baseline even with free slots, and
+    the report for every stage (here the knock-out's train is made the longest)."""
+    params, stages = toy_stages(loop=1.0)
+    slow = f"train@{params.report.baseline}-{params.knockout.seeds[0]}"
+    stages = [replace(s, seconds=100.0) if s.name == slow else s for s in stages]
+    # 5 data + the slow train + its knock-out (or evaluate) + report.
+    assert study.schedule(stages, 1000) == pytest.approx(5 + 100 + 1 + 1)
+    with pytest.raises(estimate.PlanError, match="--jobs"):
+        study.schedule(stages, 0)
+
+
+def test_the_plans_stages_are_dvcs(tmp_path):
+    """The stages the plan times are the ones dvc.yaml lays out for the same params (lr sweep,
+    scales and knock-outs on), by name."""
+    from tests.tiny_project import make_project, sh
+
+    params = tiny_params(lr_sweep=[0.01], scales={"wide": {"model": {"d_model": 64}}}, knockout={"seeds": [0]})
+    env = make_project(tmp_path / "project", params)
+    listed = {line.split()[0] for line in sh(["dvc", "stage", "list"], tmp_path / "project", env).stdout.splitlines()}
+    loaded = load_params(tmp_path / "project" / "params.yaml")
+    loops = {(v, s): 1.0 for v in loaded.ablations for s in (None, *loaded.scales)}
+    costs = study.StageCosts({f: 1.0 for f in study.FIXED}, 1.0, ["toy"])
+    assert {s.name for s in study.study_stages(loaded, loops, costs)} == listed
+
+
+def test_plan_prints_the_study_wall(tmp_path, capsys):
+    path = write(tmp_path / "params.yaml", tiny_params(knockout={"seeds": [0]}))
+    plan.main(["--params", str(path), "--shards", str(tmp_path / "none"), "--jobs", "2", "--cpu-peak", "studies"])
+    out = capsys.readouterr().out
+    assert "Study wall: **" in out and "at --jobs 2" in out and "knockout 1 x" in out
+    plan.main(["--params", str(path), "--shards", str(tmp_path / "none"), "--json", "--cpu-peak", "studies"])
+    result = json.loads(capsys.readouterr().out)["study"]
+    assert result["jobs"] == 1 and result["wall_s"] == pytest.approx(result["serial_s"])
+    assert result["families"]["train"]["stages"] == 4 and result["families"]["knockout"]["stages"] == 1
+    with pytest.raises(SystemExit, match=r"^plan: --jobs: 0 is not"):
+        plan.main(["--params", str(path), "--jobs", "0"])
+    (tmp_path / "reports").mkdir()  # calibration reports without run.json: no stage costs
+    for report in REPORTS:
+        (tmp_path / "reports" / report.parent.name).mkdir(exist_ok=True)
+        (tmp_path / "reports" / report.parent.name / "report.md").write_text(report.read_text())
+        if (report.parent / "params.yaml").is_file():
+            (tmp_path / "reports" / report.parent.name / "params.yaml").write_text((report.parent / "params.yaml").read_text())
+    plan.main(["--params", str(path), "--shards", str(tmp_path / "none"), "--calibration", str(tmp_path / "reports"),
+               "--cpu-peak", "studies"])
+    assert "Study wall: not predicted (no committed study has a run.json" in capsys.readouterr().out
