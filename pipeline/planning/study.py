@@ -87,8 +87,8 @@ def measured_study(folder: Path) -> dict | None:
     """{family: seconds per stage, "train_fixed": ...} of one committed study folder (run.json with
     stage_s, params.yaml, report.md); None where run.json has no per-stage times."""
     run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    if not run.get("stage_s") or run.get("jobs", 1) != 1:
-        return None
+    if not run.get("stage_s") or run.get("jobs", 1) != 1 or not run.get("device", "cpu").startswith("cpu"):
+        return None  # serial CPU studies only: stages side by side or on a GPU cost something else
     stage_s, counts = run["stage_s"], stage_counts(load_params(folder / "params.yaml"))
     out = {f: stage_s[f] / counts[f] for f in (*DATA, "knockout", "report") if counts[f] and f in stage_s}
     evals = sum(counts[f] for f in EVALS if f in stage_s)
