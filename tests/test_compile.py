@@ -4,15 +4,21 @@ Seq2seq batches come in many shapes (length buckets). A compile counter (torch's
 backend: it counts the graphs dynamo hands over and runs them eagerly, so this is fast on CPU)
 sees how often the training step is compiled over more than eight distinct batch shapes, batches
 of one example and one-token sides included: once, for every architecture.
+
+On CUDA, inductor adds guards of its own that a CPU build never reaches: the fused attention
+kernels' alignment (AlignedAttentionCounter below adds them the same way), which recompiled the
+step at every source or target length that was, or was not, a multiple of 8 (three compilations of
+tests/test_gpu.py's run on an H200, torch 2.11).
 """
 from __future__ import annotations
 
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
+from torch.fx.experimental.symbolic_shapes import guard_or_false, sym_and
 
 from model import ModelConfig, build_model
-from pipeline.training.batching import pad_for_compile
+from pipeline.training.batching import ATTENTION_ALIGN, pad_for_compile
 from pipeline.training.trainer import compiled
 
 PAD = 0
@@ -30,6 +36,32 @@ def batch(rows: int, s: int, t: int, gen: torch.Generator) -> tuple:
         tgt_in[0, max(1, t // 2):] = PAD
         tgt_out[0, max(1, t // 2):] = PAD
     return src, tgt_in, tgt_out
+
+
+class AlignedAttentionCounter(CompileCounter):
+    """A CompileCounter that first adds the guards inductor's CUDA lowering of the fused attention
+    adds (torch/_inductor/lowering.py sdpa_constraint -> ir.is_aligned_realized_tensor, torch 2.10+):
+    with a mask (the memory-efficient kernel) the mask's strides, without one (flash attention) the
+    per-query statistics (B, H, Lq), must be multiples of 8 elements. One guard per call, true or
+    false for the first batch; a batch that flips it compiles the step again, as on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_calls = 0
+
+    def __call__(self, gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.target is not torch._C._nn.scaled_dot_product_attention:
+                continue
+            self.attention_calls += 1
+            mask = node.kwargs.get("attn_mask")
+            if mask is not None:
+                strides = mask.meta["example_value"].stride()[:-1]
+            else:
+                _, heads, queries = node.args[0].meta["example_value"].shape[:3]
+                strides = (heads * queries, queries)
+            guard_or_false(sym_and(*(s % 8 == 0 for s in strides)))
+        return super().__call__(gm, example_inputs)
 
 
 def model(arch: str) -> torch.nn.Module:
@@ -67,13 +99,34 @@ def test_without_the_padding_a_batch_of_one_example_compiles_again():
     assert counter.frame_count > 1
 
 
+@pytest.mark.parametrize("multiple, graphs", [(1, "several"), (ATTENTION_ALIGN, "one")])
+def test_lengths_in_multiples_of_eight_keep_the_cuda_attention_guards_true(multiple, graphs):
+    """The encoder-decoder's attention sees the source and target lengths; padded to multiples of
+    8, every batch satisfies the alignment guards the first one set."""
+    torch._dynamo.reset()
+    net, counter = model("encoder_decoder"), AlignedAttentionCounter()
+    step = compiled(net, torch.device("cpu"), dynamic=True, backend=counter)
+    gen = torch.Generator().manual_seed(0)
+    for shape in SHAPES + [(3, 8, 5), (2, 5, 16)]:  # a source, then a target, 8-aligned as they come
+        step(*pad_for_compile(batch(*shape, gen), PAD, multiple, max_len=64))[1].backward()
+    assert counter.attention_calls > 0  # the model ran the fused kernel (attention_impl sdpa)
+    assert (counter.frame_count == 1) == (graphs == "one"), counter.frame_count
+
+
+def test_padding_to_a_multiple_stops_at_max_len():
+    src, tgt_in, tgt_out = pad_for_compile(batch(3, 9, 61, torch.Generator().manual_seed(0)), PAD,
+                                           ATTENTION_ALIGN, max_len=62)
+    assert src.shape == (3, 16) and tgt_in.shape == tgt_out.shape == (3, 62)
+    assert (src[:, 9:] == PAD).all() and (tgt_in[:, 61:] == PAD).all() and (tgt_out[:, 61:] == PAD).all()
+
+
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only", "prefix_lm"])
 def test_the_padding_changes_neither_the_loss_nor_the_gradients(arch):
     gen = torch.Generator().manual_seed(1)
     for shape in [(1, 9, 5), (3, 1, 7), (2, 5, 1), (1, 1, 1)]:
         plain = batch(*shape, gen)
-        padded = pad_for_compile(plain, PAD)
-        assert min(min(t.shape) for t in padded) >= 2
+        padded = pad_for_compile(plain, PAD, ATTENTION_ALIGN)
+        assert min(min(t.shape) for t in padded) >= 2 and all(t.shape[1] % ATTENTION_ALIGN == 0 for t in padded)
         grads = []
         for b in (plain, padded):
             net = model(arch)
@@ -86,20 +139,24 @@ def test_the_padding_changes_neither_the_loss_nor_the_gradients(arch):
 
 
 def test_a_compiled_training_run_compiles_its_step_once(tiny_shards, tmp_path, monkeypatch):
-    """Through the train stage: length-bucketed batches of many shapes, one compilation."""
+    """Through the train stage as tests/test_gpu.py runs it on CUDA (bf16 autocast, fused AdamW,
+    evaluation and checkpoints between steps), with CUDA's attention guards: length-bucketed
+    batches of many shapes, one compilation."""
     from pipeline.train import run
     from pipeline.training import trainer
     from tests.test_trainer import resolved
 
     monkeypatch.setenv("ABLATION_LAB_TRACKING", "0")
     torch._dynamo.reset()
-    counter, shapes, real_compile, real_pad = CompileCounter(), set(), torch.compile, trainer.pad_for_compile
+    counter, shapes, real_compile, real_pad = AlignedAttentionCounter(), set(), torch.compile, trainer.pad_for_compile
     monkeypatch.setattr(trainer.torch, "compile", lambda m, **kw: real_compile(m, **{**kw, "backend": counter}))
 
-    def pad(batch, pad_id):
+    def pad(batch, *args, **kwargs):
         shapes.add(tuple(tuple(t.shape) for t in batch))
-        return real_pad(batch, pad_id)
+        return real_pad(batch, *args, **kwargs)
     monkeypatch.setattr(trainer, "pad_for_compile", pad)
-    metrics = run(tiny_shards / "shards", "v", 0, resolved(compile=True), "x", tmp_path / "out", tmp_path / "ckpt")
-    assert metrics["compile"] is True and len(shapes) > 8
+    metrics = run(tiny_shards / "shards", "v", 0, resolved(compile=True, precision="bf16"), "x", tmp_path / "out",
+                  tmp_path / "ckpt")
+    assert metrics["compile"] is True and metrics["precision"] == "bf16" and len(shapes) > 8
+    assert counter.attention_calls > 0
     assert counter.frame_count == 1

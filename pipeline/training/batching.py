@@ -252,15 +252,25 @@ def lm_collate(stream: np.ndarray, starts: np.ndarray, context: int):
     return None, window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
 
-def pad_for_compile(batch: tuple, pad_id: int) -> tuple:
-    """A seq2seq batch with no dimension of size 1, for a model compiled with dynamic shapes.
+# Inductor's CUDA lowering of the fused attention kernels (torch 2.10+, ir.is_aligned_realized_tensor)
+# guards that the attention mask's strides and the kernel's per-query statistics are multiples of 8
+# elements: with dynamic shapes, the first batch whose source or target length is (or is not) a
+# multiple of 8 compiles the step again.
+ATTENTION_ALIGN = 8
+
+
+def pad_for_compile(batch: tuple, pad_id: int, multiple: int = 1, max_len: int | None = None) -> tuple:
+    """A seq2seq batch with no dimension of size 1 and, given `multiple`, source and target lengths
+    rounded up to a multiple of it (never past `max_len`), for a model compiled with dynamic shapes.
 
     torch.compile specialises any size of 0 or 1 even when told shapes are dynamic, so a batch of
     one example (a bucket's leftover, or an example longer than the cap) or a one-token side would
     compile the whole training step again (on a GPU, tens of seconds each; decoder-only models
-    graph-break in packing, so several graphs each time). Padding is invisible to the loss: a
-    second row repeats the first with every target position set to pad (ignored by the loss, so
-    its gradient is exactly zero), and an extra pad column is masked out like any other padding.
+    graph-break in packing, so several graphs each time). Lengths in multiples of ATTENTION_ALIGN
+    keep inductor's CUDA attention alignment guards true for every batch. Padding is invisible to
+    the loss: a second row repeats the first with every target position set to pad (ignored by the
+    loss, so its gradient is exactly zero), and extra pad columns are masked out like any other
+    padding (source keys by the key mask; target positions by causality and the loss's ignore_index).
     """
     src, tgt_in, tgt_out = batch
     if tgt_in.shape[0] == 1:
@@ -268,5 +278,10 @@ def pad_for_compile(batch: tuple, pad_id: int) -> tuple:
         tgt_in, tgt_out = tgt_in.repeat(2, 1), torch.cat([tgt_out, torch.full_like(tgt_out, pad_id)])
 
     def widen(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, torch.full_like(t[:, :1], pad_id)], 1) if t.shape[1] == 1 else t
+        n = t.shape[1]
+        want = -(-n // multiple) * multiple
+        if max_len is not None:
+            want = max(n, min(want, max_len))  # the model refuses positions past max_len
+        want = max(want, 2)
+        return torch.cat([t, t.new_full((t.shape[0], want - n), pad_id)], 1) if want > n else t
     return (None if src is None else widen(src)), widen(tgt_in), widen(tgt_out)

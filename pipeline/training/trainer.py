@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from pipeline.training import checkpoint
-from pipeline.training.batching import (Split, collate, lm_batches, lm_collate, lm_stream, pad_for_compile,
-                                       seq2seq_batches)
+from pipeline.training.batching import (ATTENTION_ALIGN, Split, collate, lm_batches, lm_collate, lm_stream,
+                                       pad_for_compile, seq2seq_batches)
 from pipeline.training.device import (Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device,
                                       resolve_precision, run_slots)
 from pipeline.training.gpu_lock import claimed
@@ -184,6 +184,11 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
                                                    forward_sync_buffers=False)
     if cfg["compile"]:
         step_model = compiled(ddp, device, dynamic=not data.lm)
+    # The encoder-decoder's attention sees the source and target lengths themselves, so padding
+    # them to ATTENTION_ALIGN keeps CUDA's alignment guards true for every batch (on CPU too, so
+    # the CPU tests see the GPU's shapes). Decoder-only models attend over the packed length, a
+    # data-dependent sum no padding here fixes, and padded targets would only lengthen it.
+    align = ATTENTION_ALIGN if model.cfg.arch == "encoder_decoder" else 1
     # Validation runs eager: compiled, no_grad and eval mode are a second graph to compile (a
     # minute on CPU) for a pass that runs once every eval_every steps.
     eval_model = model
@@ -215,7 +220,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
             shape = [a + b for a, b in zip(shape, (1, len(batch[1]), 0 if batch[0] is None else batch[0].shape[1],
                                                     batch[1].shape[1]))]
             if cfg["compile"] and not data.lm:  # after the counts above: they describe the data
-                batch = pad_for_compile(batch, data.ids["pad_id"])
+                batch = pad_for_compile(batch, data.ids["pad_id"], align, model.cfg.max_len)
             src, tgt_in, tgt_out = (_to_device(t, device) for t in batch)
             n = data.target_tokens(idx)
             # Gradients are all-reduced once per optimizer step, after the last micro-batch.
@@ -301,6 +306,8 @@ def compiled(model, device: torch.device, dynamic: bool, backend="inductor"):
     example), which the loop pads away (batching.pad_for_compile), and by default gives sizes that
     happen to be equal in the first batch one symbol ("duck sizing": a source as long as its target
     would recompile at the first batch where they differ), which is turned off here for the process.
+    On CUDA, inductor also guards that the fused attention's mask and statistics are aligned to 8
+    elements, which the loop keeps true by padding encoder-decoder lengths to multiples of 8.
     So the step compiles once.
     Language-model windows have one shape: static, as specialised as inductor can make it.
     `backend`: tests count compilations with a cheap one.
