@@ -206,7 +206,7 @@ class ReportParams(Section):
     notes_data_digest: str | None = None
     reference: Reference | None = None
     # The one metric whose paired test vs the baseline is not corrected for multiplicity; None:
-    # val_loss (pipeline.reporting.tables.DEFAULT_PRIMARY says why). The others are Holm-corrected.
+    # val_loss (pipeline.reporting.results.DEFAULT_PRIMARY says why). The others are Holm-corrected.
     primary_metric: str | None = None
 
 

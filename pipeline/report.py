@@ -49,10 +49,12 @@ from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs, run_data
 from pipeline.reporting.notes import notes_blocks
 from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Paragraph, to_html, to_markdown
+from pipeline.reporting.cost import cost_blocks
+from pipeline.reporting.data_tables import data_blocks, download_blocks
+from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, compute_results, unigram_plateau
 from pipeline.reporting.tables import (
-    BASE_METRICS, DERIVED, TASK_METRICS, compute_results, cost_blocks, data_blocks, download_blocks, output_blocks,
-    params_blocks,
-    per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks, setup_blocks, unigram_plateau,
+    output_blocks, params_blocks, per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks,
+    setup_blocks,
 )
 from pipeline.reporting.verdict import verdict_blocks
 from pipeline.tracking import tracking_root

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.reporting.inputs import Run
-from pipeline.reporting.tables import DERIVED
+from pipeline.reporting.results import DERIVED
 
 
 def metrics_summary(results, variants: Sequence[str], plateau: float | None = None) -> dict:

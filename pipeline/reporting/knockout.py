@@ -23,7 +23,8 @@ from matplotlib.figure import Figure as MplFigure
 from pipeline.reporting.inputs import ReportInputError, number, read_json, values_by_seed
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
 from pipeline.reporting.stats import ALPHA, holm, paired_delta, summarize
-from pipeline.reporting.tables import MAIN_METRIC_PRIORITY, MISSING, fmt, fmt_p, fmt_summary
+from pipeline.reporting.formatting import MISSING, fmt, fmt_p, fmt_summary
+from pipeline.reporting.results import MAIN_METRIC_PRIORITY
 
 DPI = 110
 ATTENTION_TYPES = ("encoder.self", "decoder.self", "decoder.cross")
