@@ -3,7 +3,8 @@
     python -m scripts.report_studies          # rewrite the block in README.md
     python -m scripts.report_studies --check  # exit 1 if the block is stale
 
-Every number comes from a file the pipeline wrote: metrics.json (the report stage's summary),
+Every number comes from a file the pipeline wrote: details.json (the report stage's summary; a
+study committed before it existed has the same keys in its metrics.json),
 params.yaml (the params that made it: the reference point, seeds, variants) and run.json (the
 study's wall time, written by `bash run.sh study PRESET`). The README keeps only the block between
 the markers; a test regenerates it and fails when a committed report changed and the README did not.
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 
 from pipeline.params import read_yaml
+from pipeline.reporting.dvc_files import read_details
 from pipeline.reporting.formatting import arrow, fmt, fmt_p
 from scripts.readme_block import update_readme
 
@@ -34,7 +36,7 @@ def _duration(seconds: float) -> str:
 
 
 def study_row(folder: Path, root: Path) -> str:
-    metrics = json.loads((folder / "metrics.json").read_text())
+    metrics = read_details(folder)
     params = read_yaml((folder / "params.yaml").read_text())
     main, variants = metrics["main_metric"], metrics["variants"]
     baseline = params["report"]["baseline"]
@@ -75,7 +77,7 @@ def render(root: Path) -> str:
             try:
                 rows.append(study_row(folder, root))
             except KeyError as exc:
-                raise ValueError(f"{folder}: missing key {exc} in its metrics.json, params.yaml or run.json") from None
+                raise ValueError(f"{folder}: missing key {exc} in its details.json (metrics.json), params.yaml or run.json") from None
     return "\n".join([
         BEGIN,
         "| study (report) | variants × seeds | baseline val_loss | baseline main metric "

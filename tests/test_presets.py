@@ -244,7 +244,7 @@ def test_preset_runs_every_stage_and_reports_its_task_metric(name, project, caps
         ev = json.loads(Path("data/eval", f"baseline-{params['seeds'][0]}", "eval.json").read_text())
         assert ev["bits_per_byte"] <= ev["bits_per_char"] + 1e-9  # a character is >= 1 byte
     # dvc.yaml's last stage: each variant's task metrics, as the eval files hold them, in the report.
-    summary = json.loads(Path("reports/metrics.json").read_text())["variants"]
+    summary = json.loads(Path("reports/details.json").read_text())["variants"]
     report = Path("reports/report.md").read_text()
     header = next(line for line in report.splitlines() if line.startswith("| variant | val_loss"))
     for variant in params["ablations"]:
