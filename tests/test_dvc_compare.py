@@ -17,15 +17,17 @@ from tests.fixtures.report.fake_runs import make_project
 from tests.tiny_project import ROOT, copy_project, sh
 
 META = ("Experiment", "rev", "typ", "Created", "parent")  # dvc exp show's own columns
+# `dvc exp show --drop '.*' --keep COMPARE_DELTAS`: per experiment, each ablation's Δ of the primary metric.
+COMPARE_DELTAS = r"Experiment|[^.]+\.delta$"
 MAX_COLUMNS = 150
 
 
-def flat(tree, prefix: str = "") -> list[str]:
-    """Dotted keys of the values in a nested mapping, as DVC names its columns (an empty mapping and a
-    null have none)."""
+def flat(tree, prefix: str = "", nulls: bool = False) -> list[str]:
+    """Dotted keys of the values in a nested mapping, as DVC names its columns (an empty mapping has
+    none, nor a null unless `nulls`: DVC shows no column for a key that is null in every row)."""
     if not isinstance(tree, dict):
-        return [] if tree is None else [prefix]
-    return [k for key, value in tree.items() for k in flat(value, f"{prefix}.{key}" if prefix else str(key))]
+        return [] if tree is None and not nulls else [prefix]
+    return [k for key, value in tree.items() for k in flat(value, f"{prefix}.{key}" if prefix else str(key), nulls)]
 
 
 def resolve(text: str, params: dict, item: dict) -> str:
@@ -78,13 +80,18 @@ def test_metrics_json_holds_the_verdicts_numbers_and_details_json_the_rest(tmp_p
     render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, out)
     metrics, details = (json.loads((out / name).read_text()) for name in ("metrics.json", "details.json"))
     primary, task = details["primary_metric"], details["main_metric"]
-    assert set(metrics) == set(p.variants) and all(set(m) == {primary, task} for m in metrics.values())
-    assert metrics["baseline"][primary] == {k: details["variants"]["baseline"][primary][k] for k in ("mean", "ci95")}
-    full = details["variants"]["no_ffn"]
-    assert metrics["no_ffn"][primary] == {"mean": full[primary]["mean"], "delta": full[primary]["delta"],
-                                          "delta_ci95": full[primary]["delta_ci95"], "p": full[primary]["p"]}
-    assert metrics["no_ffn"][task]["p"] == full[task]["p_holm"]  # secondary: the p its verdict is judged by
-    assert len(flat(metrics)) == 2 * 2 + 4 * 2 * (len(p.variants) - 1)  # a few dozen, not hundreds
+    assert metrics["primary_metric"] == primary == "val_loss" and task == "rougeL"
+    assert set(metrics) == {"primary_metric", *p.variants}
+    full = details["variants"]
+    # The primary metric's numbers directly under the variant (`no_ffn.delta`), the task metric's under its name.
+    assert metrics["baseline"] == {"mean": full["baseline"][primary]["mean"], "ci95": full["baseline"][primary]["ci95"],
+                                   task: {k: full["baseline"][task][k] for k in ("mean", "ci95")}}
+    for key in ("mean", "delta", "delta_ci95", "p"):
+        assert metrics["no_ffn"][key] == full["no_ffn"][primary][key]  # primary: its paired t-test's p
+    assert metrics["no_ffn"][task]["p"] == full["no_ffn"][task]["p_holm"]  # secondary: the p its verdict is judged by
+    assert metrics["no_ffn"][task]["delta"] == full["no_ffn"][task]["delta"]
+    assert len(flat(metrics, nulls=True)) == 1 + 2 * 2 + 4 * 2 * (len(p.variants) - 1)  # a few dozen, not hundreds
+    assert max(len(k) for k in flat(metrics) if k.count(".") == 1) <= len("single_head.delta_ci95")
 
 
 def test_the_default_project_compares_in_at_most_150_columns():
@@ -94,6 +101,11 @@ def test_the_default_project_compares_in_at_most_150_columns():
     metrics = default_metrics(params)
     assert len(flat(metrics)) <= 40
     assert predicted_columns(params, dvc_yaml, metrics) <= MAX_COLUMNS
+    # COMPARE_DELTAS keeps the Experiment column and each ablation's Δ: two experiments' rows (their
+    # names up to ~25 characters with DVC's tree) fit 120 columns, 3 spaces between columns.
+    kept = [k for k in flat(metrics) if re.fullmatch(COMPARE_DELTAS.split("|", 1)[1], k)]
+    assert kept == [f"{v}.delta" for v in params["ablations"] if v != params["report"]["baseline"]]
+    assert 25 + sum(len(k) + 3 for k in kept) <= 120
 
 
 @pytest.mark.slow
@@ -106,3 +118,7 @@ def test_dvc_exp_show_has_the_predicted_columns(tiny_repo, tmp_path):
     assert header[:len(META)] == list(META)
     assert set(flat(metrics)) <= set(header) and not [c for c in header if "p50" in c or "detectable" in c]
     assert len(header) == predicted_columns(params, yaml.safe_load((project / "dvc.yaml").read_text()), metrics)
+    table = sh(["dvc", "exp", "show", "--md", "--drop", ".*", "--keep", COMPARE_DELTAS], project, env).stdout
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("|")]
+    assert rows[0] == ["Experiment", "no_positional.delta"] and max(len(line) for line in table.splitlines()) <= 120
+    assert float(rows[2][1]) == pytest.approx(metrics["no_positional"]["delta"], rel=1e-3)  # the workspace row

@@ -15,7 +15,7 @@ sweeps         each variant at its own best learning rate, and the effects acros
 figures        which figures the report shows, from which run files
 plots          the drawing of those figures (matplotlib)
 render         the report as blocks, rendered to Markdown and self-contained HTML
-dvc_files      what DVC reads back: reports/metrics.json and the curve tables
+dvc_files      what DVC reads back: reports/metrics.json (the verdict's numbers), details.json, the curves
 mlflow_mirror  every run and the report mirrored to MLflow
 mlflow_view    the experiment's saved view "Compare variants" in `mlflow ui`
 """

@@ -1,11 +1,14 @@
 """What the report stage hands back to DVC: a metrics file, the detail beside it, and curve tables.
 
 `reports/metrics.json` (dvc.yaml top-level `metrics:`) is what `dvc exp show`, `dvc metrics show`
-and `dvc metrics diff` put in columns, so it holds only what a verdict needs: per variant the primary
-and the task metric, their mean (and for the baseline its 95% interval half-width), and for each
-ablation its Δ vs the baseline, the Δ's 95% half-width and `p`, the p-value its verdict compares
-with 5% (the primary metric's paired t-test; for a secondary metric Holm-adjusted; for a derived
-one its source's). A few dozen numbers: two experiments side by side fit a terminal.
+and `dvc metrics diff` put in columns, so it holds only what a verdict needs, named to fit a
+terminal: per variant, the primary metric's numbers directly under its name and the task metric's
+under `<variant>.<metric>`; `mean` (for the baseline with `ci95`, its 95% interval half-width), and
+for each ablation `delta` (vs the baseline, paired by seed), `delta_ci95` (the Δ's 95% half-width)
+and `p`, the p-value its verdict compares with 5% (the primary metric's paired t-test; for a
+secondary metric Holm-adjusted; for a derived one its source's). `primary_metric` names the metric
+the unprefixed columns are. A few dozen numbers: `no_positional.delta` is the ablation's Δ of the
+primary metric, and four ablations' Δs of two experiments fit 120 columns.
 `reports/details.json` (an output, not a DVC metric) holds the rest: every metric's mean, interval
 and n, every Δ with how it was tested (role, raw and Holm-adjusted p, the |Δ| detectable with 80%
 power, the seeds the observed Δ would need), the unigram plateau, the sweeps and the knock-outs.
@@ -27,21 +30,26 @@ from pipeline.reporting.results import DERIVED
 
 def metrics_summary(results, variants: Sequence[str]) -> dict:
     """reports/metrics.json: the primary and the task metric per variant (module docstring)."""
-    shown = [results.primary] + [m for m in [results.main_metric] if m and m != results.primary]
-    out = {}
+    out: dict = {"primary_metric": results.primary}
     for v in variants:
-        entry = {}
-        for m in shown:
-            s = results.summaries[v].get(m)
-            d = results.deltas.get(v, {}).get(m)
-            if s is None:
-                continue
-            if d is None:  # the baseline
-                entry[m] = {"mean": s.mean, "ci95": s.half_width}
-            else:
-                entry[m] = {"mean": s.mean, "delta": d.mean, "delta_ci95": d.half_width, "p": verdict_p(results, v, m)}
+        entry = numbers(results, v, results.primary)
+        task = results.main_metric
+        if task and task != results.primary:
+            entry[task] = numbers(results, v, task)
         out[v] = entry
     return out
+
+
+def numbers(results, variant: str, metric: str) -> dict:
+    """One metric of one variant for metrics.json: mean (and ci95) for the baseline; mean, delta,
+    delta_ci95 and p for an ablation."""
+    s = results.summaries[variant].get(metric)
+    d = results.deltas.get(variant, {}).get(metric)
+    if s is None:
+        return {}
+    if d is None:  # the baseline
+        return {"mean": s.mean, "ci95": s.half_width}
+    return {"mean": s.mean, "delta": d.mean, "delta_ci95": d.half_width, "p": verdict_p(results, variant, metric)}
 
 
 def verdict_p(results, variant: str, metric: str) -> float | None:

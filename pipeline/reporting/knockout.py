@@ -261,7 +261,7 @@ def _setup(knockouts: Mapping[int, dict], runs, baseline: str) -> str:
 
 
 def knockout_summary(knockouts: Mapping[int, dict]) -> dict:
-    """For reports/metrics.json (`dvc metrics diff`): mean Δ val_loss over seeds per mode and knock-out."""
+    """For reports/details.json: mean Δ val_loss over seeds per mode and knock-out."""
     out: dict[str, dict] = {}
     for (name, mode), values in deltas(knockouts).items():
         s = summarize(list(values.values()))

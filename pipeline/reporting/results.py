@@ -2,7 +2,7 @@
 
 Which metric is primary (tested uncorrected), which are secondary (one Holm family) and which are
 derived from another (no test of their own) is decided here, once; the report's tables, its
-verdict, its figures and reports/metrics.json all read the Results this module computes.
+verdict, its figures and reports/metrics.json and details.json all read the Results computed here.
 """
 from __future__ import annotations
 

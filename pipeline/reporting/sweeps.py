@@ -255,7 +255,7 @@ def at_edge(res: FairLR) -> dict[str, str]:
 
 
 def fair_lr_summary(res: FairLR) -> dict:
-    """metrics.json's `fair_lr`: each variant's chosen rate and its Δs (fair and shared)."""
+    """details.json's `fair_lr`: each variant's chosen rate and its Δs (fair and shared)."""
     out = {}
     edge = at_edge(res)
     for v in res.grid:
