@@ -84,9 +84,8 @@ FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left; disk quota exceeded
 # file, "basic_ios::clear: iostream error"). pipeline.training.checkpoint.save_torch writes through
 # a Python file instead, so the OSError survives; these are recognised for any other torch.save.
 TORCH_WRITE_FAILED = ("inline_container.cc", "basic_ios::clear", "PytorchStreamWriter failed")
-WHAT_TO_DO = ("free space (`dvc gc -w` drops cached versions the workspace does not use; old runs' "
-              "data/checkpoints/ can go), or write fewer checkpoints: lower train.keep_checkpoints, "
-              "raise train.checkpoint_every")
+WHAT_TO_DO = ("free space on it (finished runs' data/checkpoints/ folders; `dvc gc` for cached versions no "
+              "longer needed), or checkpoint less: lower train.keep_checkpoints or raise train.checkpoint_every")
 
 
 class DiskFull(OSError):
