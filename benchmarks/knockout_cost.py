@@ -11,7 +11,7 @@ its training shape (train.batch_size x train.context), on the CPU (--threads, de
 - train_s: one run's training, from the median time of a training step (forward, backward, AdamW)
   times the run's steps (train.budget_steps, or budget_tokens over the batch).
 - ratio_per_run = knockout_s / train_s, and study_share = what the knock-outs add over the study's
-  training, knockout.seeds (all seeds when empty) x knockout_s over variants x seeds x train_s.
+  training, the seeds knockout.seeds selects (all of them when off) x knockout_s over variants x seeds x train_s.
 Process start-up (~2 s per stage) and the evaluate stages are not in either figure.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from model.knockout import knockout, plan, record_means
-from pipeline.params import load_params, model_config, resolve_variant
+from pipeline.params import knockout_seeds, load_params, model_config, resolve_variant
 from pipeline.training.optim import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def main() -> None:
     steps = t["budget_steps"] or -(-t["budget_tokens"] // (rows * ctx))
     train_s = statistics.median(step_s) * steps
     knockout_s = statistics.median(knock_s)
-    n_seeds = len(k.seeds) or len(params.seeds)
+    n_seeds = len(knockout_seeds(k.seeds, params.seeds)) or len(params.seeds)
     print(json.dumps({
         "preset": args.preset, "knockouts_per_seed": len(knocks), "loss_tokens": k.max_loss_tokens,
         "knockout_s": round(knockout_s, 2), "train_step_s": round(statistics.median(step_s), 4), "steps": steps,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.atomic import atomic_write_text
+from pipeline.atomic import DiskFull, atomic_write_text
 from pipeline.params import Params, ParamsError, load_params, model_config, model_fields, resolve_variant, stage_error
 
 STAMP = "params.yaml: every key valid (pipeline/check_params.py)\n"
@@ -98,12 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         check(load_params(args.params), Path(args.local_root))
-    except (ParamsError, ValueError) as exc:
+        out = Path(args.out)
+        if not out.is_file() or out.read_text(encoding="utf-8") != STAMP:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out, STAMP)
+    except (ParamsError, ValueError, DiskFull) as exc:
         raise stage_error("check_params", exc) from None
-    out = Path(args.out)
-    if not out.is_file() or out.read_text(encoding="utf-8") != STAMP:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out, STAMP)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """Stage `knockout`: parts of one trained baseline run removed at evaluation time, one at a time.
 
-    python -m pipeline.knockout --shards data/shards --tokenizer data/tokenizer \
+    python -m pipeline.knockout --shards data/shards --tokenizer data/tokenizer --seed 0 \
         --run data/runs/baseline-0 --out data/eval/knockout/baseline-0
 
-Off while `knockout.seeds` is empty (dvc.yaml lays out `knockout@<seed>` from it). For every
+dvc.yaml lays out one `knockout@<seed>` stage per entry of `seeds`, so `knockout.seeds` is never a
+second list to keep in step: `all` (the default) knocks out every trained seed, a list only its
+seeds, [] none. A stage whose seed is not selected writes only off.json (a DVC output must exist)
+and exits before importing torch: a second or two, not a knock-out study. For every
 knock-out of model.knockout.plan (each head, each attention and FFN sublayer, the positions, each
 layer's skip connections, and the three counterparts of train-time ablations), in each mode (zero,
 mean), it measures val_loss and, for seq2seq tasks, the task metric, next to the same numbers of
@@ -20,8 +23,8 @@ Kept cheap, so it can be on in the default study:
 - Means for mean-ablation: over the tokens of the first `knockout.mean_examples` training
   examples (LM: as many context windows), fed one unpadded row at a time, so padding never enters.
 
-Writes knockout.json (settings, the un-knocked numbers, one record per knock-out, wall time) and
-knockout.csv (the records) into --out, atomically.
+Writes knockout.json (settings, the un-knocked numbers, one record per knock-out, the stage's
+start and end times and wall time) and knockout.csv (the records) into --out, atomically.
 """
 from __future__ import annotations
 
@@ -32,26 +35,26 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-from model.knockout import COUNTERPARTS, knockout, plan, record_means
+# torch, the model and the data readers are imported where a knock-out runs (run_knockouts, main):
+# a seed that knockout.seeds leaves out exits without them.
 from pipeline.atomic import atomic_path
-from pipeline.evaluate import decode, load_model, lm_stream, read_object, run_settings
-from pipeline.params import EvaluateParams, KnockoutParams, ParamsError, load_params, stage_error
-from pipeline.progress import Progress
-from pipeline.scoring.metrics import task_metrics
-from pipeline.train_bpe import load_tokenizer
-from pipeline.training.batching import collate, load_split, load_texts, read_manifest
-from pipeline.training.device import choose_threads, recorded_slots, resolve_device
+from pipeline.params import EvaluateParams, KnockoutParams, ParamsError, knocks_out, load_params, stage_error
+
+STARTED_AT = time.time()  # the stage's start, before the heavy imports: MLflow shows the stage's duration
 
 IGNORE = -100  # target positions not scored (padding; LM window tails)
 CSV_COLUMNS = ("name", "mode", "kind", "knocks", "val_loss", "delta_val_loss")
+OFF = "off.json"  # the whole output of a seed knockout.seeds does not select
 
 
 def loss_batches(split, manifest: dict, max_tokens: int, batch_size: int, context: int) -> list[tuple]:
     """(src or None, tgt_in, tgt_out) batches covering the first `max_tokens` scored target tokens."""
+    import numpy as np
+    import torch
+
+    from pipeline.evaluate import lm_stream
+    from pipeline.training.batching import collate
+
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
     if manifest["task"] == "language_modeling":
         stream = torch.from_numpy(lm_stream(split.tgt, ids["eos_id"])[:max_tokens + 1])
@@ -77,6 +80,12 @@ def loss_batches(split, manifest: dict, max_tokens: int, batch_size: int, contex
 
 def mean_rows(split, manifest: dict, n: int, context: int) -> list[tuple]:
     """n unpadded (src or None, tgt_in) rows of held-out data for record_means."""
+    import numpy as np
+    import torch
+
+    from pipeline.evaluate import lm_stream
+    from pipeline.training.batching import collate
+
     ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
     if manifest["task"] == "language_modeling":
         stream = torch.from_numpy(lm_stream(split.tgt, ids["eos_id"])[:n * context])
@@ -88,21 +97,37 @@ def mean_rows(split, manifest: dict, n: int, context: int) -> list[tuple]:
     return rows
 
 
-@torch.no_grad()
-def val_loss(model, batches: list[tuple], device: torch.device) -> float:
+def val_loss(model, batches: list[tuple], device) -> float:
+    import torch
+    import torch.nn.functional as F
+
     total, count = 0.0, 0
-    for src, tgt_in, tgt_out in batches:
-        logits, _ = model(None if src is None else src.to(device), tgt_in.to(device))
-        tgt = tgt_out.to(device).flatten()
-        total += float(F.cross_entropy(logits.flatten(0, 1).float(), tgt, ignore_index=IGNORE, reduction="sum"))
-        count += int((tgt != IGNORE).sum())
+    with torch.no_grad():
+        for src, tgt_in, tgt_out in batches:
+            logits, _ = model(None if src is None else src.to(device), tgt_in.to(device))
+            tgt = tgt_out.to(device).flatten()
+            total += float(F.cross_entropy(logits.flatten(0, 1).float(), tgt, ignore_index=IGNORE, reduction="sum"))
+            count += int((tgt != IGNORE).sum())
     return total / max(count, 1)
 
 
 def run_knockouts(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: KnockoutParams,
-                  eval_cfg: EvaluateParams, context: int, batch_size: int,
-                  device: torch.device = torch.device("cpu")) -> dict:
+                  eval_cfg: EvaluateParams, context: int, batch_size: int, device=None,
+                  started_at: float | None = None) -> dict:
+    """Every planned knock-out of the run's model, measured against the un-knocked model; written
+    to `out`. `started_at` (seconds since the epoch): the stage's start, recorded with its end."""
+    import torch
+
+    from model.knockout import COUNTERPARTS, knockout, plan, record_means
+    from pipeline.evaluate import decode, load_model, read_object
+    from pipeline.progress import Progress
+    from pipeline.scoring.metrics import task_metrics
+    from pipeline.train_bpe import load_tokenizer
+    from pipeline.training.batching import load_split, load_texts, read_manifest
+
+    started_at = time.time() if started_at is None else started_at
     start = time.perf_counter()
+    device = torch.device("cpu") if device is None else device
     manifest = read_manifest(shards)
     info = read_object(run_dir / "train.json", ("variant", "seed"))
     task = manifest["task"]
@@ -147,7 +172,8 @@ def run_knockouts(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: 
                "n_heads": model.cfg.n_heads, "layers": {s: n for s, n in _layers(model).items()},
                # The model switch each counterpart knock-out matches, for the report's side-by-side table.
                "counterparts": {name: list(switch) for name, switch in COUNTERPARTS.items()},
-               "base": base, "knockouts": records, "wall_s": time.perf_counter() - start}
+               "base": base, "knockouts": records, "wall_s": time.perf_counter() - start,
+               "started_at": started_at, "finished_at": time.time()}
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         (tmp / "knockout.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -180,21 +206,39 @@ def to_csv(records: list[dict], metrics: list[str]) -> str:
     return buf.getvalue()
 
 
+def write_off(out: Path, seed: int, selection) -> None:
+    """The output of a seed knockout.seeds leaves out: off.json alone, which the report ignores."""
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / OFF).write_text(json.dumps({"seed": seed, "off": f"knockout.seeds is {selection!r}: not this seed"}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--shards", required=True)
     parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--seed", type=int, required=True, help="the seed of --run: knocked out if knockout.seeds selects it")
     parser.add_argument("--run", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:
         params = load_params(args.params)
+        if not knocks_out(params.knockout.seeds, args.seed):
+            write_off(Path(args.out), args.seed, params.knockout.seeds)
+            print(f"knockout@{args.seed}: off (knockout.seeds: {params.knockout.seeds})")
+            return
+        import torch
+
+        from pipeline.evaluate import run_settings
+        from pipeline.training.device import choose_threads, recorded_slots, resolve_device
+
         t = run_settings(Path(args.run))  # the shapes and device the run trained with, as evaluate
         torch.set_num_threads(choose_threads(t.threads)[0])
         torch.set_flush_denormal(True)
         summary = run_knockouts(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
-                                params.knockout, params.evaluate, t.context, t.batch_size, resolve_device(t.device, slots=recorded_slots(Path(args.run))))
+                                params.knockout, params.evaluate, t.context, t.batch_size,
+                                resolve_device(t.device, slots=recorded_slots(Path(args.run))), started_at=STARTED_AT)
     except (ParamsError, ValueError, OSError, KeyError) as exc:
         raise stage_error("knockout", exc) from None
     print(json.dumps({k: summary[k] for k in ("variant", "seed", "base", "n_loss_tokens", "wall_s")}))

@@ -36,8 +36,10 @@ class ParamsError(ValueError):
 
 
 def stage_error(stage: str, exc: BaseException) -> SystemExit:
-    """The one line a stage exits with on bad input: the stage, then the error's first line."""
-    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    """The one line a stage exits with on bad input or a full disk: the stage, then the error's first line."""
+    from pipeline.atomic import disk_full  # a full disk's line: the file, the space, what to do
+
+    lines = str(disk_full(exc, atomic=False) or exc).strip().splitlines() or [type(exc).__name__]
     return SystemExit(f"{stage}: {lines[0]}")
 
 
@@ -221,15 +223,16 @@ class ReportParams(Section):
     notes_data_digest: str | None = None
     reference: Reference | None = None
     # The one metric whose paired test vs the baseline is not corrected for multiplicity; None:
-    # val_loss (pipeline.reporting.tables.DEFAULT_PRIMARY says why). The others are Holm-corrected.
+    # val_loss (pipeline.reporting.results.DEFAULT_PRIMARY says why). The others are Holm-corrected.
     primary_metric: str | None = None
 
 
 class KnockoutParams(Section):
     """Parts knocked out of the trained baseline at evaluation time (stage `knockout`, model.knockout)."""
-    # Off while empty: dvc.yaml lays out one `knockout@<seed>` stage per seed listed here, each
-    # knocking parts out of that seed's trained report.baseline run (no retraining).
-    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = []
+    # Whose trained report.baseline run parts are knocked out of (no retraining): `all`, every seed
+    # of `seeds`; a list, those of its seeds that are trained; [], none (off). dvc.yaml lays out one
+    # `knockout@<seed>` stage per entry of `seeds`, so editing `seeds` never means editing this too.
+    seeds: Literal["all"] | list[Annotated[int, Field(ge=0, lt=2**32)]] = "all"
     modes: list[Literal["zero", "mean"]] = ["zero", "mean"]  # zero: output set to 0; mean: to its held-out mean
     # What to knock out; None: every part the baseline has (heads, attention, ffn, positional, residual).
     parts: list[Literal["heads", "attention", "ffn", "positional", "residual"]] | None = None
@@ -305,12 +308,17 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _knockout_seeds_trained(self) -> "Params":
-        for i, seed in enumerate(self.knockout.seeds):
-            if seed not in self.seeds:
-                raise ValueError(f"knockout.seeds: {seed} is not in seeds {self.seeds} (only those "
-                                 "train the baseline the knock-outs start from)")
-            if seed in self.knockout.seeds[:i]:
+        chosen = self.knockout.seeds
+        if chosen == "all":
+            return self
+        for i, seed in enumerate(chosen):
+            if seed in chosen[:i]:
                 raise ValueError(f"knockout.seeds: {seed} is listed twice")
+        # A listed seed that `seeds` no longer trains is skipped (shrinking `seeds` for a quick try
+        # must not need a second edit), but a list naming none of them is a mistake, not "off".
+        if chosen and not set(chosen) & set(self.seeds):
+            raise ValueError(f"knockout.seeds: none of {chosen} is in seeds {self.seeds} (only those train the "
+                             "baseline the knock-outs start from); use all, [] for off, or trained seeds")
         return self
 
     @model_validator(mode="after")
@@ -324,6 +332,16 @@ class Params(Section):
                 raise ValueError(f"lr_sweep: {lr:g} is train.lr; the main runs train at it already "
                                  "(list only the other rates)")
         return self
+
+
+def knocks_out(selection: str | list[int], seed: int) -> bool:
+    """Whether the knockout stage of trained seed `seed` runs under knockout.seeds = `selection`."""
+    return selection == "all" or seed in selection
+
+
+def knockout_seeds(selection: str | list[int], seeds: list[int]) -> list[int]:
+    """The trained seeds whose baseline is knocked out, in the order of `seeds`."""
+    return [s for s in seeds if knocks_out(selection, s)]
 
 
 # ModelConfig fields that come from the tokenizer, not from params.yaml.

@@ -37,10 +37,11 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from pipeline.atomic import atomic_path
-from pipeline.params import ReportParams, TrainParams, read_yaml
+from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
+from pipeline.params import ReportParams, TrainParams, read_yaml, stage_error
+from pipeline.params import knockout_seeds as selected_knockout_seeds  # the report has its own below
 from pipeline.reporting import sweeps
-from pipeline.reporting.dvc_files import curve_tables, metrics_summary
+from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
 from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
 from pipeline.reporting.knockout import knockout_blocks, knockout_summary, load_knockouts, mirror_knockouts
@@ -49,10 +50,12 @@ from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs, run_data
 from pipeline.reporting.notes import notes_blocks
 from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Paragraph, to_html, to_markdown
+from pipeline.reporting.cost import cost_blocks
+from pipeline.reporting.data_tables import data_blocks, download_blocks
+from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, compute_results, unigram_plateau
 from pipeline.reporting.tables import (
-    BASE_METRICS, DERIVED, TASK_METRICS, compute_results, cost_blocks, data_blocks, download_blocks, output_blocks,
-    params_blocks,
-    per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks, setup_blocks, unigram_plateau,
+    output_blocks, params_blocks, per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks,
+    setup_blocks,
 )
 from pipeline.reporting.verdict import verdict_blocks
 from pipeline.tracking import tracking_root
@@ -73,7 +76,7 @@ def render_report(
     download_metrics: Path | None = None,
     knockout_seeds: Sequence[int] = (), ablations: Mapping[str, Mapping | None] | None = None,
 ) -> list[RunFiles]:
-    """Write report.md, report.html, figures/*.png, metrics.json and curves/ into `out_dir`.
+    """Write report.md, report.html, figures/*.png, metrics.json, details.json and curves/ into `out_dir`.
 
     `out_dir` is replaced as a whole: it is the report stage's one output.
 
@@ -107,7 +110,8 @@ def render_report(
         shutil.rmtree(stale, ignore_errors=True)
     # Built whole in a scratch folder, then each output swapped in atomically: a failure leaves the
     # previous report, and the folder's other contents (reports/studies/) are never touched.
-    with tempfile.TemporaryDirectory(prefix=".report-build.", dir=out_dir) as build:
+    with tempfile.TemporaryDirectory(prefix=".report-build.", dir=out_dir) as build, \
+            explain_full_disk(out_dir, Path(build)):
         tmp = Path(build)
         (tmp / "figures").mkdir(parents=True)
         colors = variant_colors(variants)
@@ -136,14 +140,16 @@ def render_report(
         )
         (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
-        summary = metrics_summary(results, variants, plateau)
+        # DVC compares metrics.json: the verdict's numbers only; the rest is detail (dvc_files).
+        (tmp / "metrics.json").write_text(json.dumps(metrics_summary(results, variants), indent=2) + "\n")
+        details = details_summary(results, variants, plateau)
         if fair:
-            summary["fair_lr"] = sweeps.fair_lr_summary(fair)
+            details["fair_lr"] = sweeps.fair_lr_summary(fair)
         if scaled:
-            summary["scales"] = sweeps.scale_summary(scaled)
+            details["scales"] = sweeps.scale_summary(scaled)
         if knockouts:
-            summary["knockout"] = knockout_summary(knockouts)
-        (tmp / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+            details["knockout"] = knockout_summary(knockouts)
+        (tmp / "details.json").write_text(json.dumps(details, indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
         for item in sorted(tmp.iterdir()):
             with atomic_path(out_dir / item.name) as dst:
@@ -206,11 +212,11 @@ def _read_params(path: Path) -> dict:
 
 
 def knockout_seeds(params: dict) -> list[int]:
-    """knockout.seeds: the seeds whose knockout stage ran ([] or absent: off)."""
-    seeds = (params.get("knockout") or {}).get("seeds") or []
-    if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
-        raise ReportInputError("key 'knockout.seeds' must be a list of integers")
-    return seeds
+    """The seeds whose knockout stage knocked parts out: knockout.seeds (`all` when absent) of `seeds`."""
+    selection = (params.get("knockout") or {}).get("seeds", "all")
+    if selection != "all" and not (isinstance(selection, list) and all(type(s) is int for s in selection)):
+        raise ReportInputError("key 'knockout.seeds' must be `all` or a list of integers ([]: off)")
+    return selected_knockout_seeds(selection, params["seeds"])
 
 
 def main_rates(params: dict) -> dict[str, float]:
@@ -257,15 +263,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             download_metrics=args.download_metrics,
             knockout_seeds=knockout_seeds(params), ablations=params["ablations"],
         )
-    except ReportInputError as e:
-        raise SystemExit(f"report: {e}") from None
+    except (ReportInputError, DiskFull) as e:
+        raise stage_error("report", e) from None
     log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
     data = run_data(params, args.shards, tracking_root() / "dvc.lock") if args.shards else None
-    summary = json.loads((args.out_dir / "metrics.json").read_text())  # MLflow's view: the same metrics
+    summary = json.loads((args.out_dir / "details.json").read_text())  # MLflow's view: the same metrics
     columns = tuple(m for m in (summary.get("primary_metric"), summary.get("main_metric")) if m)
     experiment = str(report.get("experiment") or DEFAULT_EXPERIMENT)
     mirror_runs(runs, args.out_dir, experiment, data, columns)
-    mirror_knockouts(args.evals, str(report.get("baseline", "baseline")), knockout_seeds(params), experiment)
+    mirror_knockouts(args.evals, str(report.get("baseline", "baseline")), knockout_seeds(params), experiment, data)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pipeline.params import ParamsError, load_params, model_config, resolve_vari
 from pipeline.tracking import Tracker, git_revision, live_tracking, point_label
 from pipeline.training import trainer
 from pipeline.training.batching import lm_token_file, load_split, read_manifest
-from pipeline.training.checkpoint import config_hash, source_hash
+from pipeline.training.checkpoint import config_hash, save_torch, source_hash
 from pipeline.training.device import (
     _other_running_processes, choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device,
 )
@@ -236,7 +236,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
                    mfu=achieved / (peak * cluster.world) if peak else None)
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
-        torch.save({"model_config": cfg.__dict__.copy(), "state_dict": model.state_dict()}, tmp / "model.pt")
+        save_torch({"model_config": cfg.__dict__.copy(), "state_dict": model.state_dict()}, tmp / "model.pt")
         (tmp / "train_curve.csv").write_text(csv_text(["step", "tokens", "train_loss", "lr"], result["train_rows"]))
         (tmp / "val_curve.csv").write_text(csv_text(["step", "tokens", "val_loss"], result["val_rows"]))
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")

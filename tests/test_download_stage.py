@@ -84,7 +84,7 @@ def test_separator_mode_keeps_stories_whole_and_does_not_warn(tmp_path):
 
 def test_the_report_shows_the_download_table(tmp_path):
     from pipeline.reporting.render import to_markdown
-    from pipeline.reporting.tables import download_blocks
+    from pipeline.reporting.data_tables import download_blocks
 
     (tmp_path / "stories.txt").write_text(tinystories_text())
     _, metrics = stage(tmp_path, {"task": "language_modeling", "paths": {"train": "stories.txt"}})

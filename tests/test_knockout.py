@@ -15,7 +15,7 @@ from model.knockout import COUNTERPARTS, plan
 from pipeline.check_params import check
 from pipeline.evaluate import lm_metrics, split_loss
 from pipeline.knockout import run_knockouts
-from pipeline.params import EvaluateParams, KnockoutParams, ParamsError, load_params
+from pipeline.params import EvaluateParams, KnockoutParams, ParamsError, knockout_seeds, knocks_out, load_params
 from pipeline.reporting.inputs import Run
 from pipeline.reporting.knockout import counterpart_variants, knockout_blocks, side_by_side
 from pipeline.reporting.render import Figure, Table, to_markdown
@@ -76,7 +76,7 @@ def test_stage_bounds_the_loss_tokens_and_scores_language_models(lm_shards, tmp_
 
 def with_knockout(section: str) -> str:
     """The committed params.yaml with its knockout section replaced by `section`."""
-    text, n = re.subn(r"^knockout:\n  seeds: \[[^\]]*\]\n", section, (ROOT / "params.yaml").read_text(), flags=re.M)
+    text, n = re.subn(r"^knockout:\n  seeds: .*\n", section, (ROOT / "params.yaml").read_text(), flags=re.M)
     assert n == 1
     return text
 
@@ -85,7 +85,9 @@ def with_knockout(section: str) -> str:
     ("{seeds: [0], heads: [0, 4]}", r"^knockout\.heads: head 4 is beyond the model's n_heads=4"),
     ("{seeds: [], attentions: [cross]}", r"^knockout\.attentions: 'cross': a decoder_only model has self-attention only"),
     ("{seeds: [], parts: [positional]}", r"^knockout\.parts: positional: the model has no position information"),
-    ("{seeds: [5]}", r"knockout\.seeds: 5 is not in seeds \[0, 1, 2\]"),
+    ("{seeds: [5, 7]}", r"knockout\.seeds: none of \[5, 7\] is in seeds \[0, 1, 2\]"),
+    ("{seeds: [1, 1]}", r"knockout\.seeds: 1 is listed twice"),
+    ("{seeds: some}", r"knockout\.seeds"),
 ])
 def test_check_params_names_the_knockout_key_the_baseline_lacks(tmp_path, knockout, pattern):
     text = with_knockout(f"knockout: {knockout}\n")
@@ -95,6 +97,31 @@ def test_check_params_names_the_knockout_key_the_baseline_lacks(tmp_path, knocko
     (tmp_path / "params.yaml").write_text(text)
     with pytest.raises(ParamsError, match=pattern):
         check(load_params(tmp_path / "params.yaml"), tmp_path)
+
+
+def test_knockout_seeds_follow_seeds_so_shrinking_seeds_needs_no_second_edit(tmp_path):
+    # The committed params.yaml with only `seeds` edited, as a user trying one seed would.
+    text = (ROOT / "params.yaml").read_text()
+    assert "\nseeds: [0, 1, 2]\n" in text and "\n  seeds: all\n" in text
+    (tmp_path / "params.yaml").write_text(text.replace("\nseeds: [0, 1, 2]\n", "\nseeds: [0]\n"))
+    params = load_params(tmp_path / "params.yaml")
+    check(params, tmp_path)  # the check_params stage passes
+    assert knockout_seeds(params.knockout.seeds, params.seeds) == [0]
+    # A list keeps the seeds of it that are trained; [] is off; no knockout section: every seed.
+    assert knockout_seeds([2, 0, 9], [0, 1, 2]) == [0, 2] and knockout_seeds([], [0, 1]) == []
+    (tmp_path / "bare.yaml").write_text("seeds: [3, 4]\n")
+    assert load_params(tmp_path / "bare.yaml").knockout.seeds == "all"
+    assert [knocks_out("all", 4), knocks_out([0], 1), knocks_out([1], 1)] == [True, False, True]
+
+
+def test_a_seed_left_out_writes_its_marker_without_a_model(tmp_path, capsys):
+    from pipeline.knockout import OFF, main
+    (tmp_path / "params.yaml").write_text("seeds: [0, 1]\nknockout: {seeds: [0]}\n")
+    out = tmp_path / "ko"
+    main(["--params", str(tmp_path / "params.yaml"), "--shards", "nowhere", "--tokenizer", "nowhere",
+          "--seed", "1", "--run", str(tmp_path / "no-run"), "--out", str(out)])
+    assert [p.name for p in out.iterdir()] == [OFF] and "knockout@1: off" in capsys.readouterr().out
+    assert json.loads((out / OFF).read_text())["seed"] == 1
 
 
 def test_check_params_stage_exits_with_one_line_naming_the_key(tmp_path):
@@ -166,12 +193,15 @@ def test_knockout_section_renders_heatmap_tables_and_sentences(tmp_path):
 
 
 @pytest.mark.slow
-def test_knockout_stage_through_dvc(tiny_repo, tmp_path):
-    env = copy_project(tiny_repo, tmp_path / "p")
+def test_knockout_stage_through_dvc_follows_the_seeds(tiny_repo, tmp_path):
+    # tiny_repo ran knockout@0 with knock-outs off (its knockout.seeds is []): the marker alone.
+    env = {**copy_project(tiny_repo, tmp_path / "p"), "ABLATION_LAB_TRACKING": "0"}
     project = tmp_path / "p"
-    write_params(project, tiny_params(seeds=[0], knockout={"seeds": [0], "max_examples": 2, "mean_examples": 4}))
+    assert [p.name for p in (project / "data/eval/knockout/baseline-0").iterdir()] == ["off.json"]
+    knock = {"seeds": "all", "max_examples": 2, "mean_examples": 4}
+    write_params(project, tiny_params(seeds=[0], knockout=knock))
     imports = tmp_path / "imports"
-    log = sh(["dvc", "repro"], project, {**env, "ABLATION_LAB_TRACKING": "0", **record_imports(imports)}).stdout
+    log = sh(["dvc", "repro"], project, {**env, **record_imports(imports)}).stdout
     assert ran_stages(log) == {"check_params", "knockout@0", "report"}
     stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["knockout"]
     check_stage_deps("knockout", stage, loaded_files(imports)["knockout"], project)
@@ -179,5 +209,17 @@ def test_knockout_stage_through_dvc(tiny_repo, tmp_path):
     report = (project / "reports" / "report.md").read_text()
     assert "## Knock-outs: what the trained baseline uses" in report and "positional encoding" in report
     assert (project / "reports" / "figures" / "knockout_heads.png").is_file()
-    assert "knockout" in json.loads((project / "reports" / "metrics.json").read_text())
+    assert "knockout" in json.loads((project / "reports" / "details.json").read_text())
     assert "knockout@0" not in ran_stages(sh(["dvc", "repro"], project, env).stdout)
+
+    # A second seed: `seeds` is the one list edited. Its runs and its knock-outs are added; seed 0's
+    # knock-outs are not redone.
+    write_params(project, tiny_params(seeds=[0, 1], knockout=knock))
+    ran = ran_stages(sh(["dvc", "repro"], project, env).stdout)
+    new_runs = {f"{s}@{v}-1" for s in ("train", "evaluate") for v in ("baseline", "no_positional")}
+    assert ran == new_runs | {"check_params", "knockout@1", "report"}
+    knocked = json.loads((project / "reports" / "details.json").read_text())["knockout"]["zero"]
+    assert all(k["ci95"] is not None for k in knocked.values())  # over both seeds: an interval each
+    # And back: seed 1's stages leave the pipeline, nothing reruns but the check and the report.
+    write_params(project, tiny_params(seeds=[0], knockout=knock))
+    assert ran_stages(sh(["dvc", "repro"], project, env).stdout) == {"check_params", "report"}

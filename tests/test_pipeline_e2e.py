@@ -33,10 +33,11 @@ def test_dvc_repro_end_to_end_and_rerun_rules(tiny_repo, tmp_path):
     write_params(project, tiny)
     ran = ran_stages(sh(["dvc", "repro"], project, env).stdout)
     expected = {f"{stage}@no_positional-{s}" for stage in ("train", "evaluate") for s in tiny["seeds"]}
-    assert ran == expected | {"train@baseline-1", "evaluate@baseline-1", "check_params", "report"}
+    # knockout@1: the new seed's knock-out stage, here off (tiny's knockout.seeds is []), writes its marker.
+    assert ran == expected | {"train@baseline-1", "evaluate@baseline-1", "knockout@1", "check_params", "report"}
 
     report = (project / "reports" / "report.md").read_text()
-    summary = json.loads((project / "reports" / "metrics.json").read_text())["variants"]
+    summary = json.loads((project / "reports" / "details.json").read_text())["variants"]
     for variant in tiny["ablations"]:
         # The results table row: mean ± interval over both seeds, the mean read from eval.json.
         row = next(line for line in report.splitlines() if line.startswith(f"| {variant} | ") and "(n=2" in line)
@@ -95,12 +96,13 @@ def test_run_sh_study_reruns_a_preset_in_scratch_and_commits_its_report(tmp_path
     out = sh(["bash", "scripts/study.sh", "tiny"], project, env).stdout
 
     folder = project / "reports" / "studies" / "tiny"
-    assert {"report.md", "report.html", "metrics.json", "params.yaml", "run.json", "figures"} <= {
+    assert {"report.md", "report.html", "metrics.json", "details.json", "params.yaml", "run.json", "figures"} <= {
         p.name for p in folder.iterdir()}
     assert yaml.safe_load((folder / "params.yaml").read_text())["seeds"] == [0]
     run = json.loads((folder / "run.json").read_text())
     assert isinstance(run["wall_s"], int) and run["wall_s"] >= 0 and f"took {run['wall_s']} s" in out
-    assert set(run["stage_s"]) == {"check_params", "download", "filter", "train_bpe", "encode", "train", "evaluate", "report"}
+    assert set(run["stage_s"]) == {"check_params", "download", "filter", "train_bpe", "encode", "train", "evaluate",
+                                   "knockout", "report"}  # knockout: off in tiny, its marker written
     assert "| [tiny](../reports/studies/tiny/report.md) | 1 × 1 |" in page.read_text()
     assert (project / "params.yaml").read_text() == "untouched\n" and not (project / "data" / "raw").exists()
 

@@ -205,12 +205,12 @@ def test_unigram_plateau_table_reads_the_plateau_from_eval_json(tmp_path):
     mean = np.mean([p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds])
     assert rows["baseline"]["below the plateau (nats/token)"] == f"{5.0 - mean:.3g}"
     assert rows["baseline"]["below (% of plateau)"] == f"{100 * (5.0 - mean) / 5.0:.0f}%"
-    assert json.loads((out / "metrics.json").read_text())["unigram_val_loss"] == 5.0
+    assert json.loads((out / "details.json").read_text())["unigram_val_loss"] == 5.0
 
 
 def test_no_plateau_section_without_the_plateau(rendered):
     _, out, md = rendered
-    assert "Unigram plateau" not in md and "unigram_val_loss" not in json.loads((out / "metrics.json").read_text())
+    assert "Unigram plateau" not in md and "unigram_val_loss" not in json.loads((out / "details.json").read_text())
 
 
 def delta_rows(md: str) -> dict[tuple[str, str], dict[str, str]]:
@@ -238,7 +238,7 @@ def test_derived_metrics_are_shown_without_a_verdict_of_their_own(rendered):
         assert row["p (paired t)"] == row["p (Holm)"] == row["detectable |Δ| (80% power)"] == "—"
         v, b = paired(p, "no_ffn", metric)
         assert row["Δ mean"] == f"{np.mean(v - b):.3g}"  # its Δ is still shown
-    summary = json.loads((out / "metrics.json").read_text())
+    summary = json.loads((out / "details.json").read_text())
     entry = summary["variants"]["no_ffn"]["val_ppl"]
     assert (entry["role"], entry["derived_from"], entry["p"]) == ("derived", "val_loss", None)
     assert "val_ppl from val_loss, test_ppl from test_loss" in md
@@ -270,7 +270,7 @@ def test_primary_metric_is_uncorrected_and_the_rest_are_holm_corrected_together(
     pval = sps.ttest_rel(*paired(p, "no_rouge", "val_loss")).pvalue
     assert primary["p (Holm)"] == "primary: uncorrected" and primary["p (paired t)"] == f"{pval:.3f}"
     assert primary["verdict"].startswith("no significant difference at 5%:") and pval >= 0.05
-    summary = json.loads((out / "metrics.json").read_text())
+    summary = json.loads((out / "details.json").read_text())
     assert (summary["primary_metric"], summary["holm_family_size"]) == ("val_loss", len(family))
     assert summary["variants"]["no_ffn"]["rouge1"]["role"] == "secondary"
 
@@ -302,7 +302,7 @@ def test_power_columns_follow_from_the_sd_of_the_paired_differences(rendered):
     assert row["detectable |Δ| (80% power)"] == f"{detectable_effect(len(v)) * sd:.3g}"  # primary: at 5%
     assert row["seeds for this Δ (80% power)"] == str(seeds_needed(abs(np.mean(v - b)) / sd))
     assert f"with {len(v)} seeds only a true |Δ| ≥ {detectable_effect(len(v)) * sd:.3g}" in row["verdict"]
-    m = int(json.loads((p.root / "reports" / "metrics.json").read_text())["holm_family_size"])
+    m = int(json.loads((p.root / "reports" / "details.json").read_text())["holm_family_size"])
     v, b = paired(p, "no_rouge", "rouge1")
     sd = np.std(v - b, ddof=1)  # secondary: at 5% / m, where Holm surely rejects
     detectable = detectable_effect(len(v), alpha=0.05 / m) * sd
@@ -333,8 +333,8 @@ def test_a_build_folder_left_by_a_killed_report_is_removed_by_the_next(tmp_path)
     (out / ".report.md.abc.tmp").write_text("half")  # ... or while it was swapped in
     (out / "studies").mkdir()  # not the stage's: kept
     render(p, out)
-    assert sorted(q.name for q in out.iterdir()) == ["curves", "figures", "metrics.json", "report.html",
-                                                    "report.md", "studies"]
+    assert sorted(q.name for q in out.iterdir()) == ["curves", "details.json", "figures", "metrics.json",
+                                                    "report.html", "report.md", "studies"]
 
 
 def test_report_opens_with_one_verdict_per_ablation_then_the_delta_figure(rendered):

@@ -186,3 +186,54 @@ def test_mirrored_runs_carry_training_times_their_dataset_and_a_comparison_view(
     assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "variant"}]
     current = client.search_runs([exp.experiment_id], filter_string=state["searchFilter"])
     assert sorted(r.info.run_name for r in current) == sorted(runs)  # the view's filter is valid MLflow search
+
+
+def test_knockout_runs_carry_their_stage_times_and_dataset(tmp_path, monkeypatch):
+    from tests.test_knockout import synthetic
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # where the report stage finds dvc.lock
+    p = make_project(tmp_path, seeds=(0, 1), missing_runs=())
+    for run_dir in p.runs.iterdir():
+        (run_dir / "config.json").write_text(json.dumps({"model": {"d_model": 32}}))
+    _, knockouts = synthetic(seeds=(0, 1))
+    started = {0: 1_700_000_000.5, 1: None}  # seed 1: a knockout.json from before the times were recorded
+    for seed, record in knockouts.items():
+        path = p.evals / "knockout" / f"baseline-{seed}" / "knockout.json"
+        path.parent.mkdir(parents=True)
+        if started[seed] is not None:
+            record.update(started_at=started[seed], finished_at=started[seed] + 12.25)
+        record["wall_s"] = 9.5
+        path.write_text(json.dumps(record))
+        os.utime(path, (1_700_005_000, 1_700_005_000))
+    (p.evals / "knockout" / "baseline-2").mkdir()  # a seed knockout.seeds left out: its marker only
+    (p.evals / "knockout" / "baseline-2" / "off.json").write_text("{}")
+    shards = tmp_path / "data" / "shards"
+    shards.mkdir(parents=True)
+    (shards / "manifest.json").write_text("{}")
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  encode:\n    cmd: python -m pipeline.encode\n    outs:\n"
+        "    - path: data/shards\n      hash: md5\n      md5: 0123456789abcdef0123456789abcdef.dir\n")
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        f"seeds: [0, 1]\nablations: {{{', '.join(f'{v}: {{}}' for v in VARIANTS)}}}\n"
+        "data: {source: synthetic}\nreport: {baseline: baseline, experiment: abl-test}\n"
+        "knockout: {seeds: all}\n", encoding="utf-8")
+    argv = ["--runs", str(p.runs), "--evals", str(p.evals), "--filter-metrics", str(p.filter_metrics),
+            "--shards", "data/shards", "--params", str(params), "--out-dir", str(tmp_path / "reports")]
+    main(argv)
+
+    client = mlflow_tracking.MlflowClient()
+    exp = client.get_experiment_by_name("abl-test")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id], "tags.stage = 'knockout'")}
+    assert sorted(runs) == ["knockout-0", "knockout-1"]
+    first, old = runs["knockout-0"].info, runs["knockout-1"].info
+    assert (first.start_time, first.end_time) == (1_700_000_000_500, 1_700_000_012_750)  # the stage's own times
+    assert old.end_time == 1_700_005_000_000 and old.end_time - old.start_time == 9_500  # file time, wall_s
+    for run in runs.values():
+        (dataset,) = run.inputs.dataset_inputs
+        assert (dataset.dataset.name, dataset.dataset.digest) == ("synthetic", "0123456789abcdef0123456789abcdef")
+        assert [(t.key, t.value) for t in dataset.tags] == [("mlflow.data.context", "evaluation")]
+    main(argv)  # the same files and data: reused, not mirrored again
+    assert len(client.search_runs([exp.experiment_id], "tags.stage = 'knockout'")) == 2

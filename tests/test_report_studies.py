@@ -100,3 +100,16 @@ def test_table_gives_the_reference_with_its_interval(tmp_path):
     params_path.write_text(yaml.safe_dump(params))
     report_studies.main(["--root", str(tmp_path)])
     assert "1.5 ± 0.02 (reference 1.9007 ± 0.011, n=3)" in page(tmp_path).read_text()
+
+
+def test_a_study_in_todays_layout_is_read_from_its_details(tmp_path):
+    # Since reports/metrics.json holds only the verdict's numbers, the study table reads details.json,
+    # which has the keys the old metrics.json had (studies committed before keep only metrics.json).
+    page(tmp_path).write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    write_study(tmp_path, "toy", 0.125)
+    folder = tmp_path / "reports" / "studies" / "toy"
+    (folder / "metrics.json").rename(folder / "details.json")
+    (folder / "metrics.json").write_text(json.dumps({"primary_metric": "val_loss", "baseline": {"mean": 9.0}}))
+    report_studies.main(["--root", str(tmp_path)])
+    row = next(line for line in page(tmp_path).read_text().splitlines() if line.startswith("| [toy]"))
+    assert "1.5 ± 0.02" in row and "no_positional +0.125 (p 0.012, worse)" in row and "9.0" not in row

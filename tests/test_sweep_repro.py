@@ -27,7 +27,7 @@ def test_adding_a_rate_or_a_size_adds_only_its_own_stages(tiny_repo, tmp_path):
     assert (project / "data/runs/lr/no_positional-0-0.01/model.pt").is_file()
     report = (project / "reports/report.md").read_text()
     assert "## Fair learning rates" in report and "## Across scales" in report
-    summary = json.loads((project / "reports/metrics.json").read_text())
+    summary = json.loads((project / "reports/details.json").read_text())
     assert set(summary["fair_lr"]) == {"baseline", "no_positional"} and "no_positional" in summary["scales"]
 
     params["lr_sweep"].append(0.03)

@@ -53,7 +53,7 @@ def report(root: Path) -> tuple[str, dict]:
     main(["--runs", str(root / "data/runs"), "--evals", str(root / "data/eval"), "--filter-metrics",
           str(root / "data/metrics/filter.json"), "--params", str(root / "params.yaml"), "--out-dir",
           str(root / "reports")])
-    return (root / "reports/report.md").read_text(), json.loads((root / "reports/metrics.json").read_text())
+    return (root / "reports/report.md").read_text(), json.loads((root / "reports/details.json").read_text())
 
 
 def sweep_project(root: Path, values: dict, diverged: tuple = ()) -> None:

@@ -66,7 +66,7 @@ def seed_wall(walls: list[float]) -> float | None:
     return mid if any(abs(w - mid) <= SEED_AGREEMENT * mid for w in others) else None
 
 
-CONTENDED = "⚠"  # the report's mark on a timing taken under contention (tables.py's cost table)
+CONTENDED = "⚠"  # the report's mark on a timing taken under contention (pipeline/reporting/cost.py)
 
 
 def markdown_table(text: str, heading: str) -> list[dict]:

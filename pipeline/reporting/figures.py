@@ -12,7 +12,7 @@ from pipeline.reporting import plots
 from pipeline.reporting.inputs import Run, number
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph
 from pipeline.reporting.stats import higher_is_better
-from pipeline.reporting.tables import Results
+from pipeline.reporting.results import Results
 
 ATTENTION_PREFERENCE = ("decoder.cross", "decoder.self", "encoder.self")  # first present is shown
 

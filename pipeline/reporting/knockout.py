@@ -23,7 +23,8 @@ from matplotlib.figure import Figure as MplFigure
 from pipeline.reporting.inputs import ReportInputError, number, read_json, values_by_seed
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
 from pipeline.reporting.stats import ALPHA, holm, paired_delta, summarize
-from pipeline.reporting.tables import MAIN_METRIC_PRIORITY, MISSING, fmt, fmt_p, fmt_summary
+from pipeline.reporting.formatting import MISSING, fmt, fmt_p, fmt_summary
+from pipeline.reporting.results import MAIN_METRIC_PRIORITY
 
 DPI = 110
 ATTENTION_TYPES = ("encoder.self", "decoder.self", "decoder.cross")
@@ -260,7 +261,7 @@ def _setup(knockouts: Mapping[int, dict], runs, baseline: str) -> str:
 
 
 def knockout_summary(knockouts: Mapping[int, dict]) -> dict:
-    """For reports/metrics.json (`dvc metrics diff`): mean Δ val_loss over seeds per mode and knock-out."""
+    """For reports/details.json: mean Δ val_loss over seeds per mode and knock-out."""
     out: dict[str, dict] = {}
     for (name, mode), values in deltas(knockouts).items():
         s = summarize(list(values.values()))
@@ -268,14 +269,17 @@ def knockout_summary(knockouts: Mapping[int, dict]) -> dict:
     return out
 
 
-def mirror_knockouts(evals_dir: Path, baseline: str, seeds: Sequence[int], experiment: str) -> None:
+def mirror_knockouts(evals_dir: Path, baseline: str, seeds: Sequence[int], experiment: str, data=None) -> None:
     """One MLflow run per seed, `knockout-<seed>` (tags stage=knockout, seed, run): the un-knocked
     numbers and every knock-out's Δ as metrics (`delta_val_loss/<mode>/<name>`), the files as
-    artifacts. A run already mirrored from the identical knockout.json is reused. Failures warn."""
+    artifacts. Like a training run it carries its stage's start and end (knockout.json), so the
+    runs table's Duration is the knockout stage's, and its data (`data`, a RunData: the Dataset
+    column, context "evaluation"). A run already mirrored from the identical knockout.json and
+    data is reused. Failures warn."""
     import hashlib
     import logging
 
-    from pipeline.reporting.mlflow_mirror import DIGEST_TAG
+    from pipeline.reporting.mlflow_mirror import DIGEST_TAG, stage_times
     from pipeline.tracking import dvc_experiment, experiment_id, open_client, problem, store_lock, tracking_enabled
 
     log = logging.getLogger("pipeline.report")
@@ -292,19 +296,23 @@ def mirror_knockouts(evals_dir: Path, baseline: str, seeds: Sequence[int], exper
             known = {r.data.tags.get(DIGEST_TAG) for r in client.search_runs(
                 [exp_id], "tags.stage = 'knockout'", max_results=50_000)}
             for seed, folder in found.items():
-                raw = (folder / "knockout.json").read_bytes()
-                digest = hashlib.sha256(raw).hexdigest()
+                path = folder / "knockout.json"
+                raw = path.read_bytes()
+                # What the mirror shows: the file and the data. "v2": runs mirrored before the stage's
+                # times and the dataset were logged are mirrored again, not reused.
+                digest = hashlib.sha256(f"knockout mirror v2 {data}".encode() + b"\0" + raw).hexdigest()
                 if digest in known:
                     continue
-                data = read_json(folder / "knockout.json", dict)
-                run_id = client.create_run(exp_id, run_name=f"knockout-{seed}", tags={
+                record = read_json(path, dict)
+                start, end = stage_times(path, record, "wall_s")
+                run_id = client.create_run(exp_id, start_time=start, run_name=f"knockout-{seed}", tags={
                     "stage": "knockout", "seed": str(seed), "knockout_of": f"{baseline}-{seed}", DIGEST_TAG: digest,
                     **dvc_experiment()}).info.run_id
-                stamp = int((folder / "knockout.json").stat().st_mtime * 1000)
-                values = {f"base/{k}": v for k, v in data["base"].items()}
-                values |= {f"{key}/{r.get('mode')}/{r['name']}": r[key] for r in data["knockouts"]
+                stamp = int(path.stat().st_mtime * 1000)
+                values = {f"base/{k}": v for k, v in record["base"].items()}
+                values |= {f"{key}/{r.get('mode')}/{r['name']}": r[key] for r in record["knockouts"]
                            for key in r if key.startswith("delta_")}
-                values["wall_s"] = data.get("wall_s")
+                values["wall_s"] = record.get("wall_s")
                 metrics = [Metric(k, float(v), stamp, 0) for k, v in sorted(values.items())
                            if isinstance(v, (int, float)) and math.isfinite(v)]
                 for i in range(0, len(metrics), 500):
@@ -312,6 +320,8 @@ def mirror_knockouts(evals_dir: Path, baseline: str, seeds: Sequence[int], exper
                 for name in ("knockout.json", "knockout.csv"):
                     if (folder / name).is_file():
                         client.log_artifact(run_id, str(folder / name))
-                client.set_terminated(run_id)
+                if data is not None:
+                    client.log_inputs(run_id, [data.entity("evaluation")])
+                client.set_terminated(run_id, "FINISHED", end_time=end)
     except Exception as exc:  # noqa: BLE001 - MLflow only mirrors; the report is on disk
         log.warning("report: MLflow knock-out runs skipped (%s)", problem(exc))

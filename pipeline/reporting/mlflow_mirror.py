@@ -55,11 +55,12 @@ class RunData:
     digest: str  # the DVC hash of the shards (dvc.lock), else a hash of their manifest
     source: str  # JSON: data.source and its options from params.yaml
 
-    def entity(self):
+    def entity(self, context: str = "train"):
+        """MLflow's record of the data; `context` says what the run did with it (train, evaluation)."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
         return DatasetInput(Dataset(self.name, self.digest, "ablation_lab", self.source),
-                            [InputTag("mlflow.data.context", "train")])
+                            [InputTag("mlflow.data.context", context)])
 
 
 def run_data(params: dict, shards: Path, lock: Path) -> RunData:
@@ -224,15 +225,16 @@ def nest_history(client, known: list, heads: dict) -> None:
             client.set_tag(r.info.run_id, PARENT_TAG, head)
 
 
-def train_times(train_json: Path, train: dict) -> tuple[int, int]:
-    """(start, end) of the train stage in ms since the epoch: train.json's started_at and finished_at;
-    for a train.json written before they were recorded, its modification time and wall_time_s."""
+def stage_times(path: Path, record: dict, wall_key: str = "wall_time_s") -> tuple[int, int]:
+    """(start, end) of the stage that wrote `path` (train.json, knockout.json), in ms since the epoch:
+    the file's started_at and finished_at; for a file written before they were recorded, its
+    modification time and its wall time (`wall_key`)."""
     def number(key: str) -> float | None:
-        value = train.get(key)
+        value = record.get(key)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
-    end = number("finished_at") or train_json.stat().st_mtime
-    start = number("started_at") or end - (number("wall_time_s") or 0.0)
+    end = number("finished_at") or path.stat().st_mtime
+    start = number("started_at") or end - (number(wall_key) or 0.0)
     return int(start * 1000), int(end * 1000)
 
 
@@ -243,7 +245,7 @@ def create_run(client, exp_id: str, run: RunFiles, digest: str, data: RunData | 
     train_json = run.run_dir / "train.json"
     train = json.loads(train_json.read_text())
     stamp = int(train_json.stat().st_mtime * 1000)  # the curves carry steps, not times
-    start, end = train_times(train_json, train)
+    start, end = stage_times(train_json, train)
     run_id = client.create_run(exp_id, start_time=start, run_name=run.name, tags={
         "variant": run.variant, "seed": str(run.seed), "stage": "train", DIGEST_TAG: digest,
         **({POINT_TAG: run.point} if run.point else {}),

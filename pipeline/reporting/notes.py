@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from pipeline.reporting.render import Block, Paragraph
-from pipeline.reporting.tables import MISSING, fmt_int
+from pipeline.reporting.formatting import MISSING, fmt_int
 
 DOC_OPTIONS = ("documents", "separator", "split_unit", "direction")  # the options that decide what an example is
 FLAG = "⚠"

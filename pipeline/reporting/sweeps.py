@@ -25,7 +25,8 @@ from pipeline.reporting import plots
 from pipeline.reporting.inputs import Run, load_run, number, values_by_seed
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
 from pipeline.reporting.stats import ALPHA, Delta, higher_is_better, holm, paired_delta, summarize, verdict_for
-from pipeline.reporting.tables import DERIVED, MAIN_METRIC_PRIORITY, MISSING, arrow, fmt, fmt_int, fmt_p, fmt_summary
+from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_int, fmt_p, fmt_summary
+from pipeline.reporting.results import DERIVED, MAIN_METRIC_PRIORITY
 from pipeline.tracking import point_label
 
 SELECTION_METRIC = "val_loss"  # the one number a learning rate is chosen by
@@ -254,7 +255,7 @@ def at_edge(res: FairLR) -> dict[str, str]:
 
 
 def fair_lr_summary(res: FairLR) -> dict:
-    """metrics.json's `fair_lr`: each variant's chosen rate and its Δs (fair and shared)."""
+    """details.json's `fair_lr`: each variant's chosen rate and its Δs (fair and shared)."""
     out = {}
     edge = at_edge(res)
     for v in res.grid:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.reporting.render import Block, Heading, Paragraph
-from pipeline.reporting.tables import MISSING, Results, arrow, fmt, fmt_p
+from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_p
+from pipeline.reporting.results import Results
 
 
 def verdict_line(variant: str, baseline: str, results: Results) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.atomic import atomic_path
+from pipeline.atomic import FULL, DiskFull, atomic_path, free_bytes
 from pipeline.training.device import all_reduce, broadcast
 
 _NAME = re.compile(r"step-(\d{8})\.pt$")
@@ -63,10 +63,35 @@ def save(directory: Path, step: int, state: dict, keep: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step-{step:08d}.pt"
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        save_torch(state, tmp)
     for old in checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def save_torch(obj: Any, path: Path) -> None:
+    """torch.save through a Python file: a full disk then raises OSError(ENOSPC), where torch's own
+    file writer says only "unexpected pos 268800 vs 268688", and it becomes DiskFull with the bytes
+    the tensors need (pipeline.atomic)."""
+    try:
+        with open(path, "wb") as f:
+            torch.save(obj, f)
+    except OSError as exc:
+        if exc.errno not in FULL:
+            raise
+        raise DiskFull(path, tensor_bytes(obj), free_bytes(path)) from exc
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in `obj` (nested dicts, lists, tuples): what a torch.save of it
+    needs at least (the pickled structure around them adds a little)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def find_latest(directory: Path, expected_hash: str) -> tuple[Path, dict] | None:
