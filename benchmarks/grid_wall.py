@@ -96,8 +96,9 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     result = {"cpu_count": os.cpu_count(), "load_1min_before": round(load_before, 2),
               "params": str(args.params)}
-    for name in ("serial", "grid"):
-        result[name] = run_mode(name, scratch_project(scratch / name, args.params), args.jobs)
+    projects = {name: scratch_project(scratch / name, args.params) for name in ("serial", "grid")}  # same code
+    for name, project in projects.items():
+        result[name] = run_mode(name, project, args.jobs)
     serial, grid = result["serial"], result["grid"]
     result["serial_wall_over_loops"] = serial["wall_over_own_loops"]
     result["grid_wall_over_serial_loops"] = round(grid["wall_s"] / serial["training_loops_s"], 3)

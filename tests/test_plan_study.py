@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import plan
-from pipeline.params import load_params
+from pipeline.params import knockout_seeds, load_params
 from pipeline.planning import calibration, estimate, study
 from tests.test_plan import REPORTS, ROOT, STUDY_TOLERANCE, fitted_without, write
 from tests.tiny_project import tiny_params
@@ -103,7 +103,7 @@ def test_a_stage_never_starts_before_what_it_depends_on():
     """Dependencies honoured: a knock-out waits for its seed's baseline even with free slots, and
     the report for every stage (here the knock-out's train is made the longest)."""
     params, stages = toy_stages(loop=1.0)
-    slow = f"train@{params.report.baseline}-{params.knockout.seeds[0]}"
+    slow = f"train@{params.report.baseline}-{knockout_seeds(params.knockout.seeds, params.seeds)[0]}"
     stages = [replace(s, seconds=100.0) if s.name == slow else s for s in stages]
     # 5 data + the slow train + its knock-out (or evaluate) + report.
     assert study.schedule(stages, 1000) == pytest.approx(5 + 100 + 1 + 1)
@@ -129,11 +129,11 @@ def test_plan_prints_the_study_wall(tmp_path, capsys):
     path = write(tmp_path / "params.yaml", tiny_params(knockout={"seeds": [0]}))
     plan.main(["--params", str(path), "--shards", str(tmp_path / "none"), "--jobs", "2", "--cpu-peak", "studies"])
     out = capsys.readouterr().out
-    assert "Study wall: **" in out and "at --jobs 2" in out and "knockout 1 x" in out
+    assert "Study wall: **" in out and "at --jobs 2" in out and "knockout 2 x" in out  # knockout@0 and seed 1's off marker
     plan.main(["--params", str(path), "--shards", str(tmp_path / "none"), "--json", "--cpu-peak", "studies"])
     result = json.loads(capsys.readouterr().out)["study"]
     assert result["jobs"] == 1 and result["wall_s"] == pytest.approx(result["serial_s"])
-    assert result["families"]["train"]["stages"] == 4 and result["families"]["knockout"]["stages"] == 1
+    assert result["families"]["train"]["stages"] == 4 and result["families"]["knockout"]["stages"] == 2
     with pytest.raises(SystemExit, match=r"^plan: --jobs: 0 is not"):
         plan.main(["--params", str(path), "--jobs", "0"])
     (tmp_path / "reports").mkdir()  # calibration reports without run.json: no stage costs

@@ -32,7 +32,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.params import Params, load_params
+from pipeline.params import Params, knocks_out, knockout_seeds, load_params
 from pipeline.planning.calibration import markdown_table, number
 from pipeline.planning.estimate import PlanError
 
@@ -72,7 +72,7 @@ def stage_counts(params: Params) -> dict[str, int]:
     for train, evaluate, n in (("train", "evaluate", runs), ("train_lr", "evaluate_lr", runs * len(params.lr_sweep)),
                                ("train_scale", "evaluate_scale", runs * len(params.scales))):
         counts[train] = counts[evaluate] = n
-    counts["knockout"] = len(params.knockout.seeds)
+    counts["knockout"] = len(knockout_seeds(params.knockout.seeds, params.seeds))  # those that knock out
     return counts
 
 
@@ -145,8 +145,12 @@ def study_stages(params: Params, loop_s: dict[tuple[str, str | None], float], co
                 run("train_lr", f"{variant}-{seed}-{lr:g}", loop_s[(variant, None)], "evaluate_lr")
             for scale in params.scales:
                 run("train_scale", f"{variant}-{seed}-{scale}", loop_s[(variant, scale)], "evaluate_scale")
-    for seed in params.knockout.seeds:
-        stages.append(Stage(f"knockout@{seed}", "knockout", fixed["knockout"], (f"train@{params.report.baseline}-{seed}",)))
+    # dvc.yaml lays out knockout@<seed> for every trained seed; one that knockout.seeds leaves out only
+    # writes its off marker: a stage with next to no work, costed as the cheapest data stage.
+    off = min(fixed[f] for f in DATA)
+    for seed in params.seeds:
+        cost = fixed["knockout"] if knocks_out(params.knockout.seeds, seed) else off
+        stages.append(Stage(f"knockout@{seed}", "knockout", cost, (f"train@{params.report.baseline}-{seed}",)))
         ends.append(stages[-1].name)
     stages.append(Stage("report", "report", fixed["report"], tuple(ends)))
     return stages
