@@ -31,6 +31,7 @@ def default_cache_dir() -> Path:
     env = os.environ.get("ABLATION_LAB_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ablation-lab"
 
+
 class ParamsError(ValueError):
     """A params.yaml problem; its message names the offending key."""
 
@@ -68,8 +69,7 @@ class SyntheticParams(Section):
 
 
 class DataParams(BaseModel):
-    # Extra keys are allowed here, but only source names: each real source keeps its options under
-    # data.<source name>, validated by that source's own schema (pipeline.check_params, download).
+    # Extra keys are allowed here, but only source names: data.<source> holds that source's options (its own schema).
     model_config = ConfigDict(extra="allow")
     source: Literal[SOURCE_NAMES] = "synthetic"
     cache_dir: str | None = None  # where real downloads are cached (default ~/.cache/ablation-lab)
@@ -84,8 +84,7 @@ class DataParams(BaseModel):
 
 
 class FilterParams(Section):
-    # The unit of the four limits: pre-tokens (words and punctuation; cheap, before any subword
-    # model exists) or characters (for character-level studies).
+    # The unit of the four limits: pre-tokens (words and punctuation; cheap, before any subword model) or characters.
     length_unit: Literal["pretokens", "chars"] = "pretokens"
     min_source_tokens: int = Field(0, ge=0)
     max_source_tokens: int = Field(1024, gt=0)
@@ -124,15 +123,14 @@ class TrainParams(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     budget_tokens: int = Field(1_000_000, gt=0)  # target tokens seen by every variant (fair budget)
     budget_steps: int | None = Field(None, gt=0)  # if set, train this many optimizer steps instead
-    # If set, every run trains to this many training FLOPs instead (the count behind the MFU
-    # figure, pipeline.train.flops_per_target_token): a variant cheaper per token sees more tokens.
+    # If set, every run trains to this many training FLOPs (pipeline.train.flops_per_target_token, the
+    # count behind MFU) instead: a variant cheaper per token sees more tokens.
     budget_flops: float | None = Field(None, gt=0)
     batch_tokens: int = Field(4096, gt=0)  # seq2seq: cap on padded tokens per batch
     batch_size: int = Field(32, gt=0)  # language modelling: windows per batch
     context: int = Field(256, gt=1)  # language modelling: window length
-    # language modelling: `grid` = the stream cut into non-overlapping windows, shuffled each epoch;
-    # `random` = as many windows an epoch at uniformly random starts (nanoGPT's sampling): over many
-    # epochs a fixed grid shows the model the same windows again and again, and it overfits them.
+    # language modelling: `grid`, non-overlapping windows shuffled each epoch; `random`, as many at random
+    # starts (nanoGPT's sampling): over many epochs a model overfits a fixed grid's windows.
     lm_windows: Literal["grid", "random"] = "grid"
     grad_accum: int = Field(1, gt=0)
     lr: float = Field(1e-3, gt=0)
@@ -154,9 +152,8 @@ class TrainParams(Section):
     # results). bf16 on CPU also takes the fused AdamW kernel (pipeline.training.optim says why).
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     threads: int = Field(0, ge=0)  # CPU threads for torch; 0 = auto: the cores free when the stage starts
-    # Runs that share one GPU (each its own process and slot lock, pipeline.training.gpu_lock):
-    # auto = as many as the GPU's memory holds by the run's estimated peak, at most one per CPU
-    # core of the GPU's share and 16; a change reruns training, as threads does.
+    # Runs sharing a GPU, each under a slot lock (pipeline.training.gpu_lock): auto = as many as its memory
+    # holds by the run's estimated peak, at most one per CPU core of the GPU's share and 16. Reruns training.
     runs_per_gpu: int | str = "auto"
 
     @field_validator("runs_per_gpu", mode="before")
@@ -311,9 +308,8 @@ class Params(Section):
         chosen = self.knockout.seeds
         if chosen == "all":
             return self
-        for i, seed in enumerate(chosen):
-            if seed in chosen[:i]:
-                raise ValueError(f"knockout.seeds: {seed} is listed twice")
+        if twice := [seed for i, seed in enumerate(chosen) if seed in chosen[:i]]:
+            raise ValueError(f"knockout.seeds: {twice[0]} is listed twice")
         # A listed seed that `seeds` no longer trains is skipped (shrinking `seeds` for a quick try
         # must not need a second edit), but a list naming none of them is a mistake, not "off".
         if chosen and not set(chosen) & set(self.seeds):
@@ -352,17 +348,10 @@ def model_fields() -> dict[str, Any]:
     """ModelConfig's user-settable fields and their defaults (the model package owns them)."""
     from model import ModelConfig
 
-    out = {}
-    for f in dataclasses.fields(ModelConfig):
-        if f.name in FROM_TOKENIZER:
-            continue
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-        else:
-            out[f.name] = None
-    return out
+    def default(f: dataclasses.Field) -> Any:
+        return (f.default if f.default is not dataclasses.MISSING
+                else f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    return {f.name: default(f) for f in dataclasses.fields(ModelConfig) if f.name not in FROM_TOKENIZER}
 
 
 def unknown_key(path: str, key: str, known: list[str]) -> str:
@@ -404,10 +393,9 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping at the top level")
     try:
-        params = Params.model_validate(raw)
+        return Params.model_validate(raw)
     except ValidationError as exc:
         raise ParamsError(_error_line(exc, str(path))) from exc
-    return params
 
 
 def merge_overrides(base: dict[str, Any], overrides: dict[str, Any], where: str = "") -> dict[str, Any]:
@@ -449,10 +437,7 @@ def resolve_variant(params: Params, variant: str, scale: str | None = None,
     for key in params.model:
         if key not in known:
             raise ParamsError(unknown_key(f"model.{key}", key, sorted(known)))
-    base = {
-        "model": {**known, **params.model},
-        "train": params.train.model_dump(),
-    }
+    base = {"model": {**known, **params.model}, "train": params.train.model_dump()}
     if scale is not None:
         base = merge_overrides(base, params.scales[scale], where=f"scales.{scale}")
     merged = merge_overrides(base, params.ablations[variant], where=f"ablations.{variant}")
