@@ -58,7 +58,7 @@ from pipeline.training.batching import Split, collate, load_split, load_texts, r
 from pipeline.training.batching import lm_stream as training_stream
 from pipeline.training.device import choose_threads, recorded_slots, resolve_device
 from pipeline.training.gpu_lock import claimed
-from pipeline.training.run_files import load_model, read_object, run_settings
+from pipeline.scoring.run_files import load_model, read_object, run_settings
 
 # (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
 ATTENTION_TOKENS = 64  # LM attention map: the first tokens of a validation document

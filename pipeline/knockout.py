@@ -120,7 +120,7 @@ def run_knockouts(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: 
 
     from model.knockout import COUNTERPARTS, knockout, plan, record_means
     from pipeline.evaluate import decode
-    from pipeline.training.run_files import load_model, read_object
+    from pipeline.scoring.run_files import load_model, read_object
     from pipeline.progress import Progress
     from pipeline.scoring.metrics import task_metrics
     from pipeline.train_bpe import load_tokenizer
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         import torch
 
-        from pipeline.training.run_files import run_settings
+        from pipeline.scoring.run_files import run_settings
         from pipeline.training.device import choose_threads, recorded_slots, resolve_device
 
         t = run_settings(Path(args.run))  # the shapes and device the run trained with, as evaluate

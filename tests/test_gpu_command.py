@@ -209,11 +209,13 @@ def test_setup_reaches_the_packages_of_an_image_whose_python3_is_a_venvs(tmp_pat
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "image_torch").mkdir()
     (site / "image_torch" / "__init__.py").write_text("")
-    # pip, as the image has it, without the rest of this project's environment
-    import pip
-
+    # pip, as the image has it, without the rest of this project's environment. Found by a child:
+    # importing pip here would turn off setuptools' distutils shim for the rest of the session, and a
+    # later torch.compile on CPU (which imports setuptools) would then fail.
+    pip_dir = subprocess.run([sys.executable, "-c", "import os, pip; print(os.path.dirname(pip.__file__))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
     (tmp_path / "pip_only").mkdir()
-    (tmp_path / "pip_only" / "pip").symlink_to(Path(pip.__file__).parent)
+    (tmp_path / "pip_only" / "pip").symlink_to(Path(pip_dir))
     (site / "pip_only.pth").write_text(str(tmp_path / "pip_only") + "\n")
     image_python = image / "bin" / "python3"
     check = [str(image_python), "-c", "import image_torch"]

@@ -178,7 +178,8 @@ def test_editing_a_local_file_makes_dvc_rerun_download(tmp_path):
     (project / "params.yaml").write_text(json.dumps({
         "data": {"source": "local", "local": {"task": "language_modeling",
                                               "paths": {"train": "data/local/stories.txt"}}},
-        "seeds": [0], "ablations": {"baseline": {}}, "lr_sweep": [], "scales": {}, "knockout": {"seeds": []}}))
+        "seeds": [0], "ablations": {"baseline": {}}, "lr_sweep": [], "scales": {}, "knockout": {"seeds": []},
+        "report": {"baseline": "baseline"}}))  # dvc.yaml reads it for every knockout@<seed>, on or off
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
     def dvc(*args: str) -> str:

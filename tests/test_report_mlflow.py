@@ -12,6 +12,16 @@ from tests.fixtures.report.fake_runs import VARIANTS, make_project
 mlflow_tracking = pytest.importorskip("mlflow.tracking")
 
 
+def encoded_shards(root) -> None:
+    """data/shards and the dvc.lock entry whose hash names the data in MLflow's Dataset column."""
+    shards = root / "data" / "shards"
+    shards.mkdir(parents=True)
+    (shards / "manifest.json").write_text("{}")
+    (root / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  encode:\n    cmd: python -m pipeline.encode\n    outs:\n"
+        "    - path: data/shards\n      hash: md5\n      md5: 0123456789abcdef0123456789abcdef.dir\n")
+
+
 def test_report_tags_training_runs_with_its_report_run(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)  # default artifact root ./mlruns lands in tmp_path
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -150,12 +160,7 @@ def test_mirrored_runs_carry_training_times_their_dataset_and_a_comparison_view(
     del train["started_at"], train["finished_at"]
     old.write_text(json.dumps(train))
     os.utime(old, (1_700_005_000, 1_700_005_000))
-    shards = tmp_path / "data" / "shards"
-    shards.mkdir(parents=True)
-    (shards / "manifest.json").write_text("{}")
-    (tmp_path / "dvc.lock").write_text(
-        "schema: '2.0'\nstages:\n  encode:\n    cmd: python -m pipeline.encode\n    outs:\n"
-        "    - path: data/shards\n      hash: md5\n      md5: 0123456789abcdef0123456789abcdef.dir\n")
+    encoded_shards(tmp_path)
     params = tmp_path / "params.yaml"
     params.write_text(
         f"seeds: [0, 1]\nablations: {{{', '.join(f'{v}: {{}}' for v in VARIANTS)}}}\n"
@@ -209,12 +214,7 @@ def test_knockout_runs_carry_their_stage_times_and_dataset(tmp_path, monkeypatch
         os.utime(path, (1_700_005_000, 1_700_005_000))
     (p.evals / "knockout" / "baseline-2").mkdir()  # a seed knockout.seeds left out: its marker only
     (p.evals / "knockout" / "baseline-2" / "off.json").write_text("{}")
-    shards = tmp_path / "data" / "shards"
-    shards.mkdir(parents=True)
-    (shards / "manifest.json").write_text("{}")
-    (tmp_path / "dvc.lock").write_text(
-        "schema: '2.0'\nstages:\n  encode:\n    cmd: python -m pipeline.encode\n    outs:\n"
-        "    - path: data/shards\n      hash: md5\n      md5: 0123456789abcdef0123456789abcdef.dir\n")
+    encoded_shards(tmp_path)
     params = tmp_path / "params.yaml"
     params.write_text(
         f"seeds: [0, 1]\nablations: {{{', '.join(f'{v}: {{}}' for v in VARIANTS)}}}\n"

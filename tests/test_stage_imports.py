@@ -92,7 +92,8 @@ def test_train_evaluate_and_knockout_processes_load_no_other_stages_libraries(ti
     stages = {
         "train": [*common, "--variant", "baseline", "--seed", "0", "--out", run, "--checkpoints", str(tmp_path / "ckpt")],
         "evaluate": [*common, "--tokenizer", str(tiny_shards / "tokenizer"), "--run", run, "--out", str(tmp_path / "ev")],
-        "knockout": [*common, "--tokenizer", str(tiny_shards / "tokenizer"), "--run", run, "--out", str(tmp_path / "ko")],
+        "knockout": [*common, "--tokenizer", str(tiny_shards / "tokenizer"), "--seed", "0", "--run", run,
+                     "--out", str(tmp_path / "ko")],
     }
     for stage, argv in stages.items():
         _, modules = run_python(f"import runpy, sys\nsys.argv = {['x', *argv]!r}\n"

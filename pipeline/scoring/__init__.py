@@ -1,2 +1,3 @@
-"""What the evaluate stage computes from generated text: the task metric (metrics) and the
-degeneracy checks (output_checks). Only the evaluate stage imports it."""
+"""What the evaluate and knockout stages compute from a trained run: the task metric (metrics), the
+degeneracy checks (output_checks), and the run's own files as they read them (run_files:
+config.json's settings, JSON records, model.pt, each checked)."""
