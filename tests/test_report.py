@@ -393,6 +393,21 @@ def test_contention_is_what_other_processes_used_where_train_json_measured_it(tm
     assert cost["no_ffn"]["wall time (s)"].endswith(" ⚠") and cost["no_ffn"]["others' CPU (max)"] == "25%"
     assert cost["single_head"]["others' CPU (max)"] == "—"
     assert "understate this code's speed: no_ffn (seed 2)." in md
+    assert "sibling stages" not in md  # no run here was the grid launcher's
+
+
+def test_runs_beside_the_grid_launchers_siblings_are_said_so(tmp_path):
+    p = make_project(tmp_path)
+    for s in p.seeds:
+        _with_load(p, "baseline", s, 1.5, 1.9, threads=1, others=0.5)
+        path = p.runs / f"baseline-{s}" / "train.json"
+        train = json.loads(path.read_text())
+        train["threads_why"] = "1 (train.threads 2, capped at $ABLATION_LAB_THREADS: the grid launcher's share)"
+        path.write_text(json.dumps(train))
+    md = (render(p) / "report.md").read_text(encoding="utf-8")
+    cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
+    assert cost["baseline"]["wall time (s)"].endswith(" ⚠")  # still marked: the planner leaves it out
+    assert "count the study's own sibling stages as other processes" in md
 
 
 def test_preset_notes_are_quoted_beside_the_generated_data_facts_and_flagged_on_other_data(tmp_path):

@@ -12,6 +12,12 @@ from pipeline.reporting.inputs import number, values_by_seed
 from pipeline.reporting.render import Block, Heading, Table
 
 CONTENDED = "⚠"
+GRID_SHARE = "ABLATION_LAB_THREADS"  # in train.json threads_why: the grid launcher gave the run its share of the cores
+
+
+def beside_siblings(train: Mapping | None) -> bool:
+    """Whether the grid launcher (python -m pipeline.grid) ran this run beside other stages of the study."""
+    return GRID_SHARE in str((train or {}).get("threads_why", ""))
 
 
 def load_peak(train: Mapping | None) -> float | None:
@@ -64,11 +70,12 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
     def counts(v: str, key: str) -> str:  # a mean of step counts (112 from 111 and 113) is no run's
         return fmt_range(list(values_by_seed(runs, v, seeds, "train", key).values()))
 
-    rows, marked = [], []
+    rows, marked, siblings = [], [], False
     for v in variants:
         trains = {s: runs[(v, s)].train for s in seeds if runs[(v, s)].train}
         devices = sorted({str(t.get("device")) for t in trains.values()})
         busy = [s for s, t in trains.items() if contended(t)]
+        siblings = siblings or any(beside_siblings(trains[s]) for s in busy)
         peaks = [p for t in trains.values() if (p := load_peak(t)) is not None]
         mark = f" {CONTENDED}" if busy else ""
         if busy:
@@ -90,7 +97,11 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
              "pipeline.plan's CPU time model is calibrated on it."]
     notes.append(f"{CONTENDED} timed under contention: other processes used more than {OTHERS_SHARE:.0%} of the "
                  "machine's CPU time (runs recorded before that measure: the load exceeded the cores the run used), "
-                 "so wall time and tokens/s understate this code's speed: " + "; ".join(marked) + "." if marked else
+                 "so wall time and tokens/s understate this code's speed: " + "; ".join(marked) + "."
+                 + (" Runs the grid launcher trained side by side (python -m pipeline.grid; train.json threads_why) "
+                    "count the study's own sibling stages as other processes: each had its share of the cores "
+                    "(cores column), and its timing is a measure of the study, not of this code alone."
+                    if siblings else "") if marked else
                  "No timing here was taken under contention (others' CPU at most "
                  f"{OTHERS_SHARE:.0%}, or where not recorded, load at or below the cores each run used)."
                  if any(row[-2] != MISSING for row in rows) else
