@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.grid.dag import Pipeline, plan_tasks, shared_stages
+from pipeline.grid.dag import Pipeline, Task, plan_tasks, shared_stages
+from pipeline.grid.launch import Launcher
 from tests.tiny_project import ROOT, copy_project, make_project, project_env, ran_stages, sh, tiny_params
 
 ITEMS = [f"i{n}" for n in range(8)]
@@ -182,3 +183,14 @@ def test_the_study_side_by_side_ends_as_a_serial_dvc_repro(tmp_path):
 
     names = {r[0] for r in sqlite3.connect(parallel / "mlflow.db").execute("SELECT name FROM runs")}
     assert names >= {"baseline-0", "baseline-1", "no_positional-0", "no_positional-1", "report"}, names
+
+
+def test_a_stage_that_follows_a_finished_one_starts_before_a_new_run(tmp_path):
+    """One slot: after train@baseline-0, its knock-out goes before the next run's train (dvc.yaml
+    lists every train first), so knock-outs overlap the grid instead of lengthening its tail."""
+    said: list[str] = []
+    tasks = [Task(["train@baseline-0"]), Task(["train@baseline-1"]), Task(["knockout@0"], needs={"train@baseline-0"})]
+    launcher = Launcher(1, tmp_path, 1, None, say=said.append)
+    assert launcher.run(tasks, lambda task: [sys.executable, "-c", "pass"])
+    started = [line.split()[2] for line in said if line.startswith("grid: start")]
+    assert started == ["train@baseline-0", "knockout@0", "train@baseline-1"]

@@ -131,6 +131,9 @@ class Launcher:
                 self.out.skipped += task.stages
             now = time.monotonic()
             ready = [t for t in pending if t.needs <= self.out.done and t.not_before <= now]
+            # What follows a finished stage (a knock-out after its seed's baseline) before a new run:
+            # it would otherwise wait in dvc.yaml's order behind every train and lengthen the tail.
+            ready.sort(key=lambda t: not t.needs)
             while ready and len(running) < self.jobs:
                 task = ready.pop(0)
                 pending.remove(task)
