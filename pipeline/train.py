@@ -6,7 +6,7 @@
 Writes model.pt, train_curve.csv, val_curve.csv, config.json and train.json (the metrics) into
 --out as a whole. Checkpoints go to --checkpoints (a DVC `persist` output), so rerunning the stage
 after a crash, SIGKILL or Ctrl-C resumes where it stopped. Under `torchrun` the same command trains
-with DistributedDataParallel (see README).
+with DistributedDataParallel (docs/training-engine.md).
 """
 from __future__ import annotations
 

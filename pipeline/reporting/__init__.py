@@ -2,7 +2,7 @@
 
 inputs         reading the run files of the train and evaluate stages and the filter metrics
 stats          mean, t-interval, paired deltas, power and Holm over seeds (pure functions)
-formatting     how a number is written (one place, so every table and the README agree)
+formatting     how a number is written (one place, so every table and the docs' study table agree)
 results        each variant's summary and tested Δ vs the baseline: the numbers behind it all
 verdict        the report's answer first: one line per ablation on the primary metric
 tables         the report's result, setup, sample and per-run tables

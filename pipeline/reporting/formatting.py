@@ -1,4 +1,4 @@
-"""How the report writes a number: one place, so every table, the verdict and the README's study
+"""How the report writes a number: one place, so every table, the verdict and the docs' study
 table agree. A value that is absent is MISSING ("—"), never zero."""
 from __future__ import annotations
 
