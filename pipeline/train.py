@@ -28,7 +28,7 @@ from pipeline.training import trainer
 from pipeline.training.batching import lm_token_file, load_split, read_manifest
 from pipeline.training.checkpoint import config_hash, save_torch, source_hash
 from pipeline.training.device import (
-    _other_running_processes, choose_threads, join_cluster, leave_cluster, peak_flops, resolve_device,
+    _other_running_processes, choose_threads, grid_share, join_cluster, leave_cluster, peak_flops, resolve_device,
 )
 
 # The code a checkpoint is only valid for: the model and the train stage's own modules (its DVC deps).
@@ -220,7 +220,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     counts = model.param_counts()
     metrics = {
         **ident, "params_total": counts["total"], "params_by_component": counts,
-        "threads": threads, "threads_why": why,
+        "threads": threads, "threads_why": why, "grid_share": grid_share(),
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
         "flops_per_token": flops_per_token, "flops_trained": flops_per_token * result["tokens_trained"],
         "budget_flops": tcfg["budget_flops"],

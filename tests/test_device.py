@@ -27,6 +27,9 @@ def test_the_grid_launchers_share_caps_a_fixed_count_and_decides_auto(monkeypatc
     assert choose_threads(0, cores=2, busy=0)[0] == 1
     monkeypatch.setenv(device.THREADS_ENV, "4")
     assert choose_threads(2, cores=8, busy=0) == (2, "2 (train.threads)")  # a share above the ask: the ask
+    assert device.grid_share() == 4
+    monkeypatch.delenv(device.THREADS_ENV)
+    assert device.grid_share() is None  # outside the launcher (train.json grid_share: null)
 
 
 def test_auto_threads_read_this_machine_without_failing():

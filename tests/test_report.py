@@ -402,7 +402,7 @@ def test_runs_beside_the_grid_launchers_siblings_are_said_so(tmp_path):
         _with_load(p, "baseline", s, 1.5, 1.9, threads=1, others=0.5)
         path = p.runs / f"baseline-{s}" / "train.json"
         train = json.loads(path.read_text())
-        train["threads_why"] = "1 (train.threads 2, capped at $ABLATION_LAB_THREADS: the grid launcher's share)"
+        train["grid_share"] = 1  # the launcher gave each of its 2 stages 1 of the 2 cores
         path.write_text(json.dumps(train))
     md = (render(p) / "report.md").read_text(encoding="utf-8")
     cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}

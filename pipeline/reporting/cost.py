@@ -12,12 +12,12 @@ from pipeline.reporting.inputs import number, values_by_seed
 from pipeline.reporting.render import Block, Heading, Table
 
 CONTENDED = "⚠"
-GRID_SHARE = "ABLATION_LAB_THREADS"  # in train.json threads_why: the grid launcher gave the run its share of the cores
 
 
 def beside_siblings(train: Mapping | None) -> bool:
-    """Whether the grid launcher (python -m pipeline.grid) ran this run beside other stages of the study."""
-    return GRID_SHARE in str((train or {}).get("threads_why", ""))
+    """Whether the grid launcher (python -m pipeline.grid) ran this run beside other stages of the
+    study: train.json's grid_share, the cores it gave each of them."""
+    return bool((train or {}).get("grid_share"))
 
 
 def load_peak(train: Mapping | None) -> float | None:
@@ -98,7 +98,7 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
     notes.append(f"{CONTENDED} timed under contention: other processes used more than {OTHERS_SHARE:.0%} of the "
                  "machine's CPU time (runs recorded before that measure: the load exceeded the cores the run used), "
                  "so wall time and tokens/s understate this code's speed: " + "; ".join(marked) + "."
-                 + (" Runs the grid launcher trained side by side (python -m pipeline.grid; train.json threads_why) "
+                 + (" Runs the grid launcher trained side by side (python -m pipeline.grid; train.json grid_share) "
                     "count the study's own sibling stages as other processes: each had its share of the cores "
                     "(cores column), and its timing is a measure of the study, not of this code alone."
                     if siblings else "") if marked else

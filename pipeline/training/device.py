@@ -238,6 +238,12 @@ def measured_matmul_flops(n: int = 1024, repeats: int = 10) -> float:
 THREADS_ENV = "ABLATION_LAB_THREADS"
 
 
+def grid_share() -> int | None:
+    """The cores the grid launcher gave each of the stages it runs side by side (None outside it)."""
+    value = os.environ.get(THREADS_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def choose_threads(requested: int, cores: int | None = None, busy: int | None = None) -> tuple[int, str]:
     """CPU threads for torch, and why. `requested` > 0 is kept (at most the grid launcher's share,
     when it runs this stage beside others); 0 picks from what is free now.
@@ -247,8 +253,7 @@ def choose_threads(requested: int, cores: int | None = None, busy: int | None = 
     one: each step waits for the thread that shares a core. So auto = the cores this process may
     use, less the other processes running right now (at least one).
     """
-    grid = os.environ.get(THREADS_ENV, "")
-    share = int(grid) if grid.isdigit() and int(grid) > 0 else None  # the launcher's share per stage
+    share = grid_share()
     if requested:
         if share is not None and share < requested:  # a set count is a ceiling: stages side by side
             return share, f"{share} (train.threads {requested}, capped at ${THREADS_ENV}: the grid launcher's share)"
