@@ -2,7 +2,8 @@
 # One command for each job, on a fresh machine with Python 3.11, git and pip:
 #   bash run.sh          set up .venv, then run the whole pipeline (offline): `python -m pipeline.grid`,
 #                        the independent stages side by side through DVC (-j auto: the cores, or GPUs x
-#                        runs per GPU); `bash run.sh repro -j 1` is a plain serial `dvc repro`
+#                        runs per GPU); `bash run.sh repro -j 1` is a serial `dvc repro`; both serve
+#                        each stage warm (pipeline/grid/warm.py), `--cold` for a plain `dvc repro`
 #   bash run.sh test     set up .venv, then run the full CPU test suite
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
 #   bash run.sh study P  set up .venv, then rerun preset P's committed study report from scratch

@@ -4,6 +4,7 @@
     python -m pipeline.plan --device h100 --mfu 0.4  # or a100 | 4090: datasheet peak x MFU
     python -m pipeline.plan --params presets/tinystories.yaml --device 4090 --json
     python -m pipeline.plan --jobs 2                 # the study's wall with two stages at a time
+    python -m pipeline.plan --cold                   # ... as a plain `dvc repro` runs it (no warm starts)
 
 Not a DVC stage: it reads params.yaml (and, where they exist, the encode stage's manifest and the
 committed study reports) and writes nothing. Per variant (and scale point) and in total it prints
@@ -24,7 +25,8 @@ Design decisions:
 - The study: every stage dvc.yaml lays out (data stages, train, evaluate, knock-outs, report),
   each the training loop above plus its family's fixed cost, or its family's measured seconds per
   stage, as the committed studies' run.json measured them (`stage_s`), scheduled on --jobs slots
-  as the grid launcher runs them (pipeline/planning/study.py). --jobs 1 is a serial `dvc repro`.
+  as the grid launcher runs them (pipeline/planning/study.py), warm (--cold: as a plain `dvc repro`
+  runs them, each a new process). --jobs 1 is `python -m pipeline.grid -j 1`, a serial `dvc repro`.
 - The train stage's own validation passes are in the measured CPU walls only.
 """
 from __future__ import annotations
@@ -129,11 +131,12 @@ def table(rows: list[Row], facts: dict) -> str:
     return "\n".join(lines)
 
 
-def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: int) -> dict:
-    """The study's stages timed and scheduled on `jobs` slots (pipeline/planning/study.py); on a CPU
-    the slots share this machine's cores. {"error": why} where no committed study timed its stages."""
+def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: int, warm: bool = True) -> dict:
+    """The study's stages timed and scheduled on `jobs` slots (pipeline/planning/study.py), served
+    warm or cold; on a CPU the slots share this machine's cores. {"error": why} where no committed
+    study timed its stages."""
     try:
-        costs = fit_costs(sorted(p.parent for p in calibration.rglob("run.json")))
+        costs = fit_costs(sorted(p.parent for p in calibration.rglob("run.json")), warm)
     except PlanError as exc:
         return {"error": str(exc)}
     loops = {(r.variant, r.scale): r.seconds_per_run for r in rows}
@@ -144,8 +147,8 @@ def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: in
     note = "" if facts["device"].startswith("cpu") else (
         " The stage costs are CPU studies' (no GPU study has timed its stages yet): a GPU's CUDA start-up and "
         "a GPU host's CPU speed are not in them, and --jobs stages are assumed not to slow each other's loops.")
-    return {"jobs": jobs, "wall_s": schedule(stages, jobs), "serial_s": schedule(serial, 1), "stages": len(stages),
-            "loop_slowdown": slowdown, "families": families(serial), "costs": asdict(costs),
+    return {"jobs": jobs, "warm": warm, "wall_s": schedule(stages, jobs), "serial_s": schedule(serial, 1),
+            "stages": len(stages), "loop_slowdown": slowdown, "families": families(serial), "costs": asdict(costs),
             "costs_source": costs.describe(), "note": note}
 
 
@@ -157,8 +160,9 @@ def study_text(study: dict) -> str:
              f"train stages' fixed cost {fmt_time(fam['train']['seconds'] - fam['train']['loop_seconds'])}"]
     parts += [f"{name} {fam[name]['stages']} x {fmt_time(fam[name]['seconds'] / fam[name]['stages'])}"
               for name in ("evaluate", "knockout", "data", "report") if name in fam]
-    line = (f"Study wall: **{fmt_time(study['wall_s'])}** at --jobs {study['jobs']} "
-            f"({study['stages']} stages; serial `dvc repro`: {fmt_time(study['serial_s'])} = {', '.join(parts)})")
+    how = "warm starts (the grid launcher)" if study["warm"] else "cold (a plain `dvc repro`)"
+    line = (f"Study wall: **{fmt_time(study['wall_s'])}** at --jobs {study['jobs']}, {how} "
+            f"({study['stages']} stages; serial: {fmt_time(study['serial_s'])} = {', '.join(parts)})")
     if study["loop_slowdown"] > 1:
         line += f"; {study['jobs']} stages at a time share the cores: each training loop x{study['loop_slowdown']:.2g}"
     return line + f". Stage costs: {study['costs_source']}.{study['note']}"
@@ -226,7 +230,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="cpu: this machine's float32 peak (measured once, cached), or the one the committed "
                         "studies ran at (their machine; a measurement on a busy machine reads low)")
     parser.add_argument("--jobs", "-j", type=int, default=1,
-                        help="stages at a time, as `python -m pipeline.grid -j N` runs them (default 1: `dvc repro`)")
+                        help="stages at a time, as `python -m pipeline.grid -j N` runs them (default 1: serial)")
+    parser.add_argument("--cold", action="store_true",
+                        help="stages as a plain `dvc repro` runs them, each a new process (default: the grid "
+                        "launcher's warm starts)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     parser.add_argument("--brief", action="store_true", help="one line: runs, time, memory")
     args = parser.parse_args(argv)
@@ -243,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         manifest = read_manifest(args.shards)
         rows, why = plan(params, manifest, args.device, facts["peak_flops"], facts["time"], facts["memory_bytes"],
                          args.shards)
-        study = study_wall(params, rows, facts, args.calibration, args.jobs)
+        study = study_wall(params, rows, facts, args.calibration, args.jobs, not args.cold)
     except (ValueError, OSError) as exc:  # ParamsError and PlanError are ValueErrors
         raise SystemExit(f"plan: {str(exc).strip().splitlines()[0]}") from None
     if args.json:

@@ -65,7 +65,10 @@ def study_row(folder: Path, root: Path) -> str:
     wall = "—"
     if run_file.exists():
         run = json.loads(run_file.read_text())
-        wall = f"{_duration(run['wall_s'])}, {run['device']}, {run['cpu_count']} CPUs"
+        jobs, warm = run.get("jobs", 1), run.get("warm", False)  # older run.json: cold, the launcher's warm starts came later
+        how = ("`dvc repro`" if jobs == 1 and not warm else
+               f"`pipeline.grid` {'serial' if jobs == 1 else f'-j {jobs}'}, {'warm' if warm else 'cold'}")
+        wall = f"{_duration(run['wall_s'])} ({how}), {run['device']}, {run['cpu_count']} CPUs"
     # relative to the page, as a link in it must be
     link = f"[{folder.name}]({Path(os.path.relpath(folder / 'report.md', (root / PAGE).parent)).as_posix()})"
     runs = f"{len(variants)} × {len(params['seeds'])}"
@@ -84,7 +87,7 @@ def render(root: Path) -> str:
     return "\n".join([
         BEGIN,
         "| study (report) | variants × seeds | baseline val_loss | baseline main metric "
-        "| each ablation: Δ main metric vs baseline (paired t-test p, verdict) | wall time of `dvc repro` |",
+        "| each ablation: Δ main metric vs baseline (paired t-test p, verdict) | study wall (how it ran) |",
         "|---|---|---|---|---|---|",
         *rows,
         END,

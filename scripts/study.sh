@@ -28,7 +28,7 @@ import json, os, platform, sys, torch
 path, times = sys.argv[1], json.load(open(sys.argv[2]))
 device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
 # stage_s: seconds per stage family, summed over its stages; with jobs > 1 they overlap (busy time).
-run = {"wall_s": round(times["total_s"]), "command": times["command"], "jobs": times["jobs"],
+run = {"wall_s": round(times["total_s"]), "command": times["command"], "jobs": times["jobs"], "warm": times["warm"],
        "cpu_count": os.cpu_count(), "device": device, "torch": torch.__version__, "stage_s": times["families"]}
 open(path, "w").write(json.dumps(run, indent=2) + "\n")
 PY

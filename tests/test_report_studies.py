@@ -47,9 +47,22 @@ def test_table_reads_every_number_from_the_study_files(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| [toy]"))
     assert "(../reports/studies/toy/report.md)" in row  # relative to the page and "| 2 × 3 |" in row
     assert "1.5 ± 0.02 (reference 1.4857)" in row and "bits_per_char ↓ 2.25 ± 0.03" in row
-    assert "no_positional +0.125 (p 0.012, worse)" in row and "12 min 34 s, cpu, 2 CPUs" in row
+    assert "no_positional +0.125 (p 0.012, worse)" in row and "12 min 34 s (`dvc repro`), cpu, 2 CPUs" in row
     assert text.startswith("intro\n") and text.endswith("\nrest\n") and "\nold\n" not in text
     report_studies.main(["--root", str(tmp_path), "--check"])  # now current
+
+
+def test_the_wall_says_how_the_study_ran(tmp_path):
+    """An older run.json (a plain `dvc repro`) and the launcher's, serial or side by side, warm or cold."""
+    page(tmp_path).write_text(f"{report_studies.BEGIN}\n{report_studies.END}\n")
+    write_study(tmp_path, "toy", 0.125)
+    run = tmp_path / "reports" / "studies" / "toy" / "run.json"
+    for fields, said in (({"jobs": 1, "warm": True}, "(`pipeline.grid` serial, warm)"),
+                         ({"jobs": 16}, "(`pipeline.grid` -j 16, cold)"),
+                         ({"jobs": 2, "warm": True}, "(`pipeline.grid` -j 2, warm)")):
+        run.write_text(json.dumps({"wall_s": 754, "cpu_count": 2, "device": "cpu", **fields}))
+        report_studies.main(["--root", str(tmp_path)])
+        assert f"12 min 34 s {said}, cpu, 2 CPUs" in page(tmp_path).read_text()
 
 
 def test_check_fails_when_a_report_changed_and_the_page_did_not(tmp_path):

@@ -2,8 +2,9 @@
 
     python -m pipeline.grid                  # -j auto: every core, or GPUs x runs per GPU (at most the cores)
     python -m pipeline.grid -j 4 [TARGET..]  # at most 4 stages at once; targets as `dvc repro` takes them
-    python -m pipeline.grid -j 1 [ARGS..]    # a plain serial `dvc repro ARGS`
+    python -m pipeline.grid -j 1 [ARGS..]    # a serial `dvc repro ARGS` (warm starts, 3. below)
     python -m pipeline.grid --times t.json   # also write each stage's start and end (seconds) as JSON
+    python -m pipeline.grid --cold           # each stage a new Python process (no warm server)
 
 1. The shared stages (check_params ... encode, upstream of every matrix stage) run as one plain
    `dvc repro`, when `dvc status` says one of them is out of date.
@@ -14,6 +15,10 @@
    one line per start and finish here. Stages share the cores: each gets
    $ABLATION_LAB_THREADS = cores / stages running (train.threads 0 honours it; not a param, so
    dvc.lock is the same whatever -j was).
+3. Warm starts (pipeline/grid/warm.py): for the length of the study a server holds torch, mlflow
+   and the rest imported, and each stage's command (unchanged in dvc.yaml) runs in a fork of it,
+   instead of paying 1-2.5 s of imports in a new process (and ~1 s of exit); what it served is in
+   .dvc/tmp/grid/warm.log. --cold turns it off: each stage a new process, a plain `dvc repro`.
 
 A thin layer, not a scheduler: DVC decides whether a stage runs and records it, so dvc.lock, the
 cache and the run-cache end as a serial `dvc repro` leaves them. paraffin (PyPI) runs DVC stages as
@@ -24,6 +29,7 @@ a lock (launch.py) is all the launcher needs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -35,6 +41,8 @@ from pathlib import Path
 from pipeline.atomic import atomic_path
 from pipeline.grid.dag import Task, out_of_date, plan_tasks, read_pipeline, shared_stages
 from pipeline.grid.launch import DVC, Launcher
+from pipeline.grid.warm import run as run_warm
+from pipeline.grid.warm import warm_starts
 
 LOG_DIR = Path(".dvc/tmp/grid")  # DVC keeps .dvc/tmp out of git
 THREADS_ENV = "ABLATION_LAB_THREADS"  # pipeline.training.device reads it (not imported: no torch here)
@@ -68,7 +76,7 @@ def auto_jobs(params: Path = Path("params.yaml")) -> tuple[int, str]:
     return jobs, f"{gpus} GPUs x {per_gpu} runs per GPU, at most {n} CPU cores"
 
 
-def times_record(launcher: Launcher, jobs: int, end: float) -> dict:
+def times_record(launcher: Launcher, jobs: int, end: float, warm: bool) -> dict:
     spans = launcher.out.spans
     stages = {name: round(b - a, 2) for name, (a, b) in spans.items()}
     families: dict[str, float] = {}
@@ -77,7 +85,8 @@ def times_record(launcher: Launcher, jobs: int, end: float) -> dict:
         families[family] = round(families.get(family, 0.0) + seconds, 2)
     first = min((a for a, _ in spans.values()), default=end - launcher.t0)
     # Stage seconds overlap when jobs > 1: a family's sum is busy time, not a share of the wall.
-    return {"command": f"python -m pipeline.grid -j {jobs}", "jobs": jobs, "total_s": round(end - launcher.t0, 2),
+    return {"command": f"python -m pipeline.grid -j {jobs}" + ("" if warm else " --cold"), "jobs": jobs, "warm": warm,
+            "total_s": round(end - launcher.t0, 2),
             "before_first_stage_s": round(first, 2), "stages": stages, "families": families, "spans": spans,
             "retries": launcher.out.retries}
 
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-j", "--jobs", default="auto", help="stages at once: a number or auto (default)")
     parser.add_argument("--times", type=Path, help="write each stage's start/end and per-family seconds here")
+    parser.add_argument("--cold", action="store_true", help="no warm server: each stage imports what it uses")
     parser.add_argument("targets", nargs="*", help="stages to bring up to date (default: all)")
     args, extra = parser.parse_known_args(argv)
     if args.jobs == "auto":
@@ -109,8 +119,14 @@ def main(argv: list[str] | None = None) -> None:
     if not Path("dvc.yaml").is_file():
         raise SystemExit("grid: no dvc.yaml here; run it in the project's root")
     serial = [sys.executable, "-m", "dvc", "repro", *extra, *args.targets]
-    if jobs == 1 and not args.times:
-        os.execv(sys.executable, serial)  # today's serial run, exactly
+    # Warm starts where a stage runs our code (not in a project of shell stages).
+    cold = args.cold or "python -m pipeline." not in Path("dvc.yaml").read_text(encoding="utf-8")
+    if jobs == 1 and not args.times:  # a plain serial run, its output straight to this terminal
+        if cold:
+            os.execv(sys.executable, serial)
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        with open(LOG_DIR / "warm.log", "w", encoding="utf-8") as log:
+            sys.exit(run_warm(serial, log))
     if extra and jobs > 1:
         raise SystemExit(f"grid: {extra[0]} is a `dvc repro` option: give it with -j 1 (a plain dvc repro)")
 
@@ -118,19 +134,22 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(LOG_DIR)
     LOG_DIR.mkdir(parents=True)
     launcher = Launcher(jobs, LOG_DIR, cores(), THREADS_ENV)
-    print(f"grid: -j {jobs} ({why})", flush=True)
+    print(f"grid: -j {jobs} ({why}){'' if cold else ', warm starts'}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        if jobs == 1:  # --times asked for: the serial run, timed
-            ok = launcher.run_one(Task(["dvc repro"]), serial, echo=True)
-        else:
-            ok = run_grid(launcher, args.targets)
-    finally:
-        launcher.stop()
+    with contextlib.ExitStack() as stack:
+        if not cold:
+            stack.enter_context(warm_starts(stack.enter_context(open(LOG_DIR / "warm.log", "w", encoding="utf-8"))))
+        try:
+            if jobs == 1:  # --times asked for: the serial run, timed
+                ok = launcher.run_one(Task(["dvc repro"]), serial, echo=True)
+            else:
+                ok = run_grid(launcher, args.targets)
+        finally:
+            launcher.stop()
     end = time.monotonic()
     if args.times:
         with atomic_path(args.times) as tmp:
-            tmp.write_text(json.dumps(times_record(launcher, jobs, end), indent=2) + "\n")
+            tmp.write_text(json.dumps(times_record(launcher, jobs, end, not cold), indent=2) + "\n")
     print("\n".join(summary(launcher, jobs, end - launcher.t0)), flush=True)
     if not ok:
         sys.exit(1)

@@ -16,6 +16,10 @@ seconds, scheduled on `jobs` slots as the grid launcher runs them.
   figure: both load a trained run and score held-out data.
 - Each figure is the median over the committed studies that measured it: one study run while the
   machine was busy moves it little.
+- Warm or cold: the grid launcher serves each stage from a warm server (pipeline/grid/warm.py),
+  which takes a stage's imports and interpreter exit off its cost; a plain `dvc repro` does not.
+  The figures come from the committed studies run the same way (run.json `warm`); a family that
+  no such study timed takes the cold figure, an upper bound.
 - Concurrency: list scheduling on `jobs` slots, dependencies as in dvc.yaml (the data stages in a
   chain, then every train; each evaluate after its train; knockout@s after train@<baseline>-s;
   the report after all). A stage that finishes a run (evaluate, knock-out) takes a free slot
@@ -57,10 +61,18 @@ class StageCosts:
     per_stage: dict[str, float]  # family in FIXED -> seconds per stage
     train_fixed_s: float  # a train stage's seconds besides its training loop
     studies: list[str] = field(default_factory=list)
+    warm: bool = False  # the stages served warm (the grid launcher) or each a new process (`dvc repro`)
+    cold_families: list[str] = field(default_factory=list)  # warm: those only cold studies timed
 
     def describe(self) -> str:
-        return (f"per-stage costs measured in {len(self.studies)} committed serial studies "
-                f"({', '.join(self.studies)}): train stage {self.train_fixed_s:.2g} s + its loop, evaluate "
+        if not self.warm:
+            source = f"{len(self.studies)} committed serial studies run cold ({', '.join(self.studies)})"
+        elif not self.cold_families:
+            source = f"{len(self.studies)} committed serial studies run warm ({', '.join(self.studies)})"
+        else:
+            source = (f"committed serial studies ({', '.join(self.studies)}); as no study run warm timed them, "
+                      f"{', '.join(self.cold_families)} as run cold, an upper bound")
+        return (f"per-stage costs measured in {source}: train stage {self.train_fixed_s:.2g} s + its loop, evaluate "
                 f"{self.per_stage['evaluate']:.2g} s, knockout {self.per_stage['knockout']:.2g} s, report "
                 f"{self.per_stage['report']:.2g} s, data stages {sum(self.per_stage[f] for f in DATA):.2g} s")
 
@@ -91,6 +103,7 @@ def measured_study(folder: Path) -> dict | None:
         return None  # serial CPU studies only: stages side by side or on a GPU cost something else
     stage_s, counts = run["stage_s"], stage_counts(load_params(folder / "params.yaml"))
     out = {f: stage_s[f] / counts[f] for f in (*DATA, "knockout", "report") if counts[f] and f in stage_s}
+    out["warm"] = bool(run.get("warm"))
     evals = sum(counts[f] for f in EVALS if f in stage_s)
     if evals:
         out["evaluate"] = sum(stage_s[f] for f in EVALS if f in stage_s) / evals
@@ -100,22 +113,36 @@ def measured_study(folder: Path) -> dict | None:
     return out
 
 
-def fit_costs(folders: list[Path]) -> StageCosts:
-    """The median per-stage figures over the committed studies in `folders`."""
-    measured = {f.name: m for f in folders if (f / "run.json").is_file() and (m := measured_study(f))}
-    if not measured:
+def fit_costs(folders: list[Path], warm: bool = False) -> StageCosts:
+    """The median per-stage figures over the committed studies in `folders` run warm (or cold);
+    for warm, a family no warm study timed takes the cold studies' figure (module docstring)."""
+    every = {f.name: m for f in folders if (f / "run.json").is_file() and (m := measured_study(f))}
+    if not every:
         raise PlanError("no committed study has a run.json with per-stage times (stage_s) to time the stages on")
+    same = {n: m for n, m in every.items() if m["warm"] == warm}
+    cold = {n: m for n, m in every.items() if not m["warm"]}
 
-    def med(key: str) -> float | None:
-        values = [m[key] for m in measured.values() if key in m]
+    def med(key: str, studies: dict) -> float | None:
+        values = [m[key] for m in studies.values() if key in m]
         return statistics.median(values) if values else None
 
-    per_stage = {f: med(f) for f in FIXED}
-    if per_stage["evaluate"] is None or med("train_fixed") is None:
-        raise PlanError(f"the committed studies ({', '.join(measured)}) time no evaluate or train stage")
+    fallback = []
+
+    def figure(key: str) -> float | None:
+        value = med(key, same)
+        if value is None and warm and med(key, cold) is not None:
+            fallback.append(key.removesuffix("_fixed"))
+            value = med(key, cold)
+        return value
+
+    per_stage = {f: figure(f) for f in FIXED}
+    train_fixed = figure("train_fixed")
+    if per_stage["evaluate"] is None or train_fixed is None:
+        raise PlanError(f"the committed studies ({', '.join(every)}) time no evaluate or train stage")
     per_stage = {f: v if v is not None else per_stage["evaluate"] if f == "knockout" else 0.0
                  for f, v in per_stage.items()}
-    return StageCosts(per_stage, med("train_fixed"), sorted(measured))
+    used = same if not fallback else {**same, **cold}
+    return StageCosts(per_stage, train_fixed, sorted(used), warm, fallback)
 
 
 def loop_slowdown(jobs: int, threads: int, cores: int) -> float:

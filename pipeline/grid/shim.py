@@ -1,0 +1,162 @@
+"""The `python` first on a stage's PATH while the grid launcher serves stages warm (warm.py).
+
+The grid launcher writes it as `python` and `python3` (write_shims) in a folder of its own. A
+stage's command reaches it through PATH; a plain `python -m pipeline.<stage> ARGS` goes to the warm
+server, which runs the stage in a fork of itself, and this process waits, passes on signals and
+exits as the stage did. Anything else (or anything the server cannot run exactly as a new process
+would) is exec'd to the `python` PATH would have found without this folder. It starts with `-SE` and
+imports only the standard library: it is loaded by path, without site-packages, in a few ms.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+STAGES = {"check_params", "download", "filter", "train_bpe", "encode", "train", "evaluate", "knockout", "report"}
+# Read by torch, numpy, MLflow and the rest when they are imported (not when a function runs): set
+# otherwise than in the server that imported them (warm.py), a stage served there would not be the
+# stage a new process runs.
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_",
+                   "PYTHON", "MPL", "MATPLOTLIB", "MLFLOW_", "NUMEXPR_", "SQLALCHEMY")
+TORCHRUN = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def fingerprint(env) -> dict:
+    """What must match between the command and the server (the same interpreter, shim checks) for a
+    fork to run what a new process would: the variables read at import time (PYTHONPATH among them)."""
+    return {"env": sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV))}
+
+# -- messages: 4-byte length + JSON --------------------------------------------------------------
+
+def send(sock: socket.socket, obj) -> None:
+    data = json.dumps(obj).encode()
+    sock.sendall(struct.pack("!I", len(data)) + data)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("warm: the other side closed the socket")
+        buf += chunk
+    return buf
+
+
+def recv(sock: socket.socket):
+    (n,) = struct.unpack("!I", recv_exact(sock, 4))
+    return json.loads(recv_exact(sock, n))
+
+# -- the command's side: a `python` first on the stages' PATH --------------------------------------
+
+SHIM = """#!{python} -SE
+# Written by pipeline/grid/shim.py for one study: serves `python -m pipeline.<stage>` warm.
+import importlib.util
+spec = importlib.util.spec_from_file_location("ablation_lab_shim", {shim!r})
+shim = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shim)
+shim.shim({socket!r}, {python!r})
+"""
+
+
+def write_shims(folder: str, socket_path: str) -> None:
+    """`python` and `python3` in `folder`: put first on PATH, they serve a stage's command from the
+    server at `socket_path` and exec the interpreter PATH would have found otherwise."""
+    for name in ("python", "python3"):
+        path = os.path.join(folder, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(SHIM.format(python=sys.executable, shim=os.path.abspath(__file__), socket=socket_path))
+        os.chmod(path, 0o755)
+
+
+def stage_command(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(module, args) for a plain `python -m pipeline.<stage> ARGS`; None for anything else
+    (an interpreter option before -m, another module)."""
+    if len(argv) < 3 or argv[1] != "-m" or not argv[2].startswith("pipeline."):
+        return None
+    module = argv[2]
+    return (module, argv[3:]) if module.split(".", 1)[1] in STAGES else None
+
+
+def _which(name: str, path: str) -> str | None:
+    for folder in path.split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+    return None
+
+
+def shim(socket_path: str, server_python: str) -> None:
+    """The `python` of write_shims: the stage's command served by the server, else the real
+    interpreter exec'd with the same arguments. Either way the stage sees PATH without the shims."""
+    name, args = os.path.basename(sys.argv[0]), sys.argv[1:]
+    here = os.path.dirname(os.path.abspath(sys.argv[0]))
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if os.path.abspath(p or ".") != here)
+    real = _which(name, env["PATH"])
+    if real is None:
+        print(f"{name}: command not found", file=sys.stderr)
+        os._exit(127)
+    command = stage_command([name, *args])
+    same_python = os.path.dirname(real) == os.path.dirname(server_python) and (
+        os.path.realpath(real) == os.path.realpath(server_python))
+    if command and same_python and not any(k in env for k in TORCHRUN):
+        _serve(socket_path, command, env, real)  # returns when it cannot be served exactly
+    os.execve(real, [real, *args], env)
+
+
+def _serve(path: str, command: tuple[str, list[str]], env: dict, executable: str) -> None:
+    """Run the command in the server and exit as it did; return (run it the ordinary way) when it
+    cannot be served exactly."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        hello = recv(sock)  # waits while the server is still importing
+    except (OSError, EOFError, ValueError):
+        sock.close()
+        return
+    if not hello.get("serving") or hello.get("fingerprint") != json.loads(json.dumps(fingerprint(env))):
+        sock.close()
+        return
+    try:
+        streams = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
+        socket.send_fds(sock, [b"F"], streams)
+        send(sock, {"module": command[0], "args": command[1], "cwd": os.getcwd(), "env": env,
+                     "executable": executable})
+    except OSError:  # nothing has started: run it the ordinary way
+        sock.close()
+        return
+
+    def forward(signum, _frame):
+        try:
+            sock.sendall(b"S" + bytes([signum]))
+        except OSError:
+            pass
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, forward)
+    try:
+        status = recv(sock)
+    except (OSError, EOFError, ValueError):
+        status = {"exit": 1}
+        print("warm: the server went away while the stage ran (its own output is above)", file=sys.stderr)
+    if "signal" in status:  # die as the stage did: DVC and the shell see the same status
+        try:
+            signal.signal(status["signal"], signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL's cannot be set, nor needs to be
+            pass
+        os.kill(os.getpid(), status["signal"])
+    os._exit(status["exit"])
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,348 @@
+"""Warm starts: a stage's process forked from one that has already imported torch and the rest.
+
+    python -m pipeline.grid.warm [--] CMD [ARGS..]   # run CMD (say `dvc repro`) with warm starts
+    python -m pipeline.grid.warm --serve SOCKET      # the server alone (what warm_starts starts)
+
+A stage of a small study is over in seconds, and a new Python process pays 1-2.5 s of it before
+the stage's first line: torch, torch._dynamo (AdamW's step imports it), mlflow, pandas, scipy, and
+~1.2 s more at exit tearing those modules down. The grid launcher (python -m pipeline.grid, -j 1
+too) starts this server for the length of a study and puts a `python` of its own (shim.py) first
+on PATH. A stage's command, unchanged in dvc.yaml (`python -m pipeline.train ...`, so dvc.lock and
+the run-cache do not change), reaches that `python`, which hands it to the server: a child forked
+from the server takes the command's arguments, working directory, environment and standard
+streams, imports our own code afresh (an edit is seen) and runs the module as `python -m` would.
+The command waits, forwards Ctrl-C and SIGTERM, and exits as the stage did (a crash or a kill
+included). tests/test_warm.py runs the tiny study warm and cold: the same results.
+
+Anything else is exec'd to the `python` PATH would have found, as if the shim were not there:
+another command, an interpreter option before -m, another interpreter than the server's, torchrun,
+an environment variable that the warm imports read at import time set differently (OMP_*, CUDA_*,
+TORCH*, PYTHONPATH, ...), no server, or a server that found a Python thread running after its
+imports (forking then is not safe), or, on a GPU machine, in which a forked child could not run
+a CUDA kernel.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import tempfile
+
+from pipeline.grid.shim import STAGES, fingerprint, recv, send, write_shims
+
+# The server imports the stage modules (and so what they import at the top), then what they import
+# later, inside functions (benchmarks/stage_overhead.py lists it per stage), then forgets our own
+# modules: only third-party ones stay. One that fails to import is left to the stage.
+LATER = ("torch._dynamo", "mlflow", "mlflow.tracking", "mlflow.entities", "sacrebleu", "sqlalchemy")
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
+def _warm_imports() -> None:
+    import importlib
+
+    # Should an import ask torch whether CUDA is there, NVML answers: the CUDA driver's own answer
+    # would start it in this process, and a forked child could then not use CUDA.
+    before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    for name in [f"pipeline.{stage}" for stage in sorted(STAGES)] + list(LATER):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - broken or missing: the stage imports it itself and says so
+            pass
+    try:  # rouge_score the way evaluate imports it (without nltk's package __init__)
+        sys.modules["pipeline.scoring.metrics"].rouge_scorer_module()
+    except Exception:  # noqa: BLE001
+        pass
+    for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "model") and n != "__main__"]:
+        if name not in ("pipeline", "pipeline.grid", "pipeline.grid.warm"):
+            del sys.modules[name]
+    if before is None:
+        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+    else:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
+
+
+def _cuda_in_a_fork(timeout_s: float = 120) -> bool:
+    """On a GPU machine: whether a child forked from here can run a CUDA kernel (it cannot once
+    this process has started CUDA). Tried once, before serving anything."""
+    import time
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import torch
+
+            ok = torch.cuda.is_available() and torch.ones(1, device="cuda").sum().item() == 1
+        except Exception:  # noqa: BLE001 - any failure means: do not serve
+            ok = False
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.WIFEXITED(code) and os.WEXITSTATUS(code) == 0
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+def serve(path: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)  # commands that connect now wait for the imports below, not fail
+    me = fingerprint(os.environ)  # before the imports, as a command sees it before its own
+    _warm_imports()
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the imports' objects: never collected in a stage (fast collections, pages stay shared)
+    rng = None
+    if "torch" in sys.modules:  # the generator state a fresh process starts with
+        rng = sys.modules["torch"].random.get_rng_state()
+    # Native threads that libraries start at import and mend at fork (OpenBLAS's pool, jemalloc's
+    # background thread) are fine; a Python thread would not exist in the forked stage.
+    import threading
+
+    why_not = "" if threading.active_count() == 1 else "forking a threaded process is not safe"
+    if not why_not and os.path.isdir("/proc/driver/nvidia/gpus") and not _cuda_in_a_fork():
+        why_not = "a process forked from this one cannot use CUDA"
+    serving = not why_not
+    print(f"warm: ready, {len(sys.modules)} modules imported, {_threads()} native thread(s), "
+          f"{threading.active_count()} Python thread(s)" + (f": not serving ({why_not})" if why_not else ""),
+          flush=True)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers reap themselves
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the commands, which forward it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        conn, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            _handle(conn, me, serving, rng)  # never returns: the handler and the stage exit
+        conn.close()
+
+
+def _handle(conn: socket.socket, me: dict, serving: bool, rng) -> None:
+    """In a child per command: start the stage's process, pass on signals, report how it ended."""
+    import time
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        send(conn, {"serving": serving, "fingerprint": me})
+        _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+        request = recv(conn)
+    except (OSError, EOFError, ValueError):
+        os._exit(0)  # the command runs itself
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _become_stage(request, fds, rng)  # ends with os._exit
+    try:  # also here, so that a signal sent at once finds the group
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+    for fd in fds:
+        os.close(fd)
+    conn.setblocking(False)
+    try:  # wakes the wait below the moment the stage ends (Linux); else it polls
+        ended = [os.pidfd_open(pid)]
+    except (AttributeError, OSError):
+        ended = []
+    import select
+
+    status, pending = None, b""
+    while status is None:
+        try:
+            data = conn.recv(64)
+            if not data:  # the command was killed: so is its stage
+                os.killpg(pid, signal.SIGKILL)
+            pending += data
+            while len(pending) >= 2:  # b"S" + the signal's number, per signal the command got
+                os.killpg(pid, pending[1])
+                pending = pending[2:]
+        except (BlockingIOError, InterruptedError, ProcessLookupError):
+            pass
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = {"signal": os.WTERMSIG(code)} if os.WIFSIGNALED(code) else {"exit": os.WEXITSTATUS(code)}
+        else:
+            select.select([conn, *ended], [], [], None if ended else 0.05)
+    try:
+        conn.setblocking(True)
+        send(conn, status)
+    except OSError:
+        pass
+    ended_as = f"signal {status['signal']}" if "signal" in status else f"exit {status['exit']}"
+    print(f"warm: served {request['module']} (pid {pid}) in {time.monotonic() - t0:.2f} s, {ended_as}", flush=True)
+    os._exit(0)
+
+
+def _become_stage(request: dict, fds: list[int], rng) -> None:
+    """Turn this forked child into `python -m MODULE ARGS` run in the command's directory, with
+    its environment and streams; exit as it ends."""
+    import io
+    import runpy
+
+    os.setpgid(0, 0)
+    for signum, handler in ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                            (signal.SIGINT, signal.default_int_handler)):
+        signal.signal(signum, handler)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=os.isatty(1),
+                                  write_through=unbuffered)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace")
+    sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin
+    # Our own code is imported afresh, as a new process would (an edit made during a study is seen).
+    # (The server imported no other module of ours: _warm_imports forgot them.)
+    for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "model")]:
+        del sys.modules[name]
+    sys.path[0] = request["cwd"]
+    sys.argv = ["-m", *request["args"]]
+    sys.executable = request["executable"]
+    import random
+
+    random.seed()  # a fresh process seeds these from the OS; forked ones would share the server's
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if rng is not None:
+        sys.modules["torch"].random.set_rng_state(rng)
+    code: int | str | None = 0
+    interrupted = False
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    except KeyboardInterrupt:
+        import traceback
+
+        traceback.print_exc()
+        code, interrupted = 1, True
+    except BaseException:  # noqa: BLE001 - as Python reports an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _exit(code, interrupted)
+
+
+def _exit(code, interrupted: bool) -> None:
+    """Python's own exit, less tearing down the thousands of modules the server imported (~1.2 s,
+    more than many stages' work): wait for non-daemon threads, run the atexit callbacks (logging,
+    MLflow, weakref.finalize, multiprocessing), collect garbage (closes unreferenced files), flush."""
+    import atexit
+    import gc
+    import threading
+
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    threading._shutdown()  # what Py_FinalizeEx does first
+    atexit._run_exitfuncs()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if interrupted:  # a Ctrl-C ends Python by SIGINT, so the shell sees it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
+
+
+@contextlib.contextmanager
+def warm_starts(log=None):
+    """For the block: a server started, and its `python` shims first on this process's PATH, so
+    that the commands it starts (DVC's, and DVC's stages') are served warm."""
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="ablation-warm-")  # short: a socket's path is < 108 bytes
+    path = os.path.join(folder, "socket")
+    server = start_server(path, log)
+    write_shims(folder, path)
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = folder + os.pathsep + old
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+        stop_server(server, path)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run(command: list[str], log=None) -> int:
+    """Run `command` with warm starts (the server's lines to `log`); its exit status."""
+    import subprocess
+
+    with warm_starts(log):
+        return subprocess.run(command).returncode
+
+
+def start_server(path: str, log=None, **popen):
+    """The server as a process of its own session: a Ctrl-C at the terminal reaches the stages'
+    commands (which forward it), not the server. Ready to accept once `path` exists."""
+    import subprocess
+    import time
+
+    server = subprocess.Popen([sys.executable, "-m", "pipeline.grid.warm", "--serve", path],
+                              stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+                              **popen)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return server
+
+
+def stop_server(server, path: str) -> None:
+    import subprocess
+
+    server.terminate()
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--serve"] and len(argv) == 2:
+        pid = os.getpid()
+        try:
+            serve(argv[1])
+        finally:
+            if os.getpid() == pid:  # not in a forked stage unwinding through here
+                try:
+                    os.unlink(argv[1])
+                except FileNotFoundError:
+                    pass
+        return
+    command = argv[1:] if argv[:1] == ["--"] else argv
+    if not command:
+        raise SystemExit("warm: usage: python -m pipeline.grid.warm [--] CMD [ARGS..]")
+    sys.exit(run(command))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,201 @@
+"""Warm starts (pipeline/grid/warm.py): a stage's command served by a fork of a process that has
+imported torch and the rest behaves as the command run in a new process would: its arguments,
+directory, environment, streams and exit status; signals reach it, a killed command takes its
+stage with it, atexit callbacks and threads finish; and it runs the ordinary way whenever it
+cannot be served exactly."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.grid.shim import stage_command, write_shims
+from pipeline.grid.warm import start_server, stop_server
+from tests.tiny_project import ROOT, make_project, tiny_params
+
+# A stand-in for a stage (pipeline/report.py in a scratch copy of the package): what it was given,
+# and ways to end.
+FAKE_STAGE = '''
+import atexit, json, os, signal, sys, threading, time
+
+def main():
+    mode = sys.argv[1]
+    if mode == "echo":
+        print(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
+                          "foo": os.environ.get("FOO"), "stdin": sys.stdin.readline().strip(),
+                          "name": __name__, "path": os.environ["PATH"], "executable": sys.executable}))
+        print("to stderr", file=sys.stderr)
+        sys.exit(int(sys.argv[2]))
+    if mode == "sleep":
+        open(sys.argv[2], "w").write(str(os.getpid()))
+        time.sleep(60)
+    if mode == "raise":
+        raise ValueError("boom in the stage")
+    if mode == "finish":  # what Python's exit waits for
+        atexit.register(lambda: open(sys.argv[2] + ".atexit", "w").write("ran"))
+        threading.Thread(target=lambda: (time.sleep(0.3), open(sys.argv[2] + ".thread", "w").write("ran"))).start()
+        half = open(sys.argv[2] + ".unclosed", "w")
+        half.write("flushed at exit")
+        del half
+        return
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A scratch package whose report stage is FAKE_STAGE, and a warm server started in it."""
+    root = tmp_path_factory.mktemp("warm")
+    (root / "pipeline" / "grid").mkdir(parents=True)
+    for name in ("pipeline/__init__.py", "pipeline/grid/__init__.py", "pipeline/grid/warm.py", "pipeline/grid/shim.py"):
+        shutil.copy(ROOT / name, root / name)
+    (root / "pipeline" / "report.py").write_text(FAKE_STAGE)
+    path = str(root / "s")
+    env = {**os.environ, "PYTHONPATH": ""}
+    log = open(root / "warm.log", "w")
+    proc = start_server(path, log, cwd=root, env=env)
+    (root / "bin").mkdir()
+    write_shims(str(root / "bin"), path)
+    env["PATH"] = f"{root / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    yield root, path, env
+    stop_server(proc, path)
+    log.close()
+
+
+def command(server, *args, env=None, **kw):
+    root, _, base = server
+    return subprocess.Popen(["python", "-m", "pipeline.report", *args], cwd=root,
+                            env={**base, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True, **kw)
+
+
+def echo(server, code=0, env=None):
+    proc = command(server, "echo", str(code), env=env)
+    out, err = proc.communicate("a line on stdin\n", timeout=60)
+    return proc, json.loads(out), err
+
+
+def test_a_stage_is_served_with_its_arguments_directory_environment_and_streams(server):
+    proc, seen, err = echo(server, code=3, env={"FOO": "bar"})
+    assert proc.returncode == 3
+    assert seen["pid"] != proc.pid  # it ran in the server's fork, not in the command's process
+    assert seen["cwd"] == str(server[0])
+    assert seen["argv"] == ["echo", "3"] and seen["foo"] == "bar" and seen["stdin"] == "a line on stdin"
+    assert seen["name"] == "__main__" and seen["executable"] == str(Path(sys.executable).absolute())
+    assert str(server[0] / "bin") not in seen["path"]  # the stage sees PATH as it was
+    assert err.strip() == "to stderr"
+    assert "served pipeline.report" in (server[0] / "warm.log").read_text()
+
+
+def test_an_import_time_variable_set_differently_runs_it_the_ordinary_way(server):
+    proc, seen, _ = echo(server, env={"OMP_NUM_THREADS": "7"})
+    assert proc.returncode == 0 and seen["pid"] == proc.pid
+    proc, seen, _ = echo(server, env={"LOCAL_RANK": "0"})  # under torchrun
+    assert seen["pid"] == proc.pid
+
+
+def test_without_a_server_it_runs_the_ordinary_way(server, tmp_path):
+    write_shims(str(tmp_path), str(tmp_path / "no-such-socket"))
+    proc, seen, _ = echo(server, env={"PATH": f"{tmp_path}{os.pathsep}{Path(sys.executable).parent}"})
+    assert proc.returncode == 0 and seen["pid"] == proc.pid
+    assert str(tmp_path) not in seen["path"] and seen["executable"] == str(Path(sys.executable).absolute())
+
+
+def test_an_exception_and_a_kill_end_the_command_as_they_end_the_stage(server):
+    proc = command(server, "raise")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "ValueError: boom in the stage" in err
+    proc = command(server, "kill")
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_python_exit_work_is_done_atexit_threads_and_unclosed_files(server, tmp_path):
+    stem = str(tmp_path / "f")
+    proc = command(server, "finish", stem)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    for suffix in (".atexit", ".thread"):
+        assert Path(stem + suffix).read_text() == "ran"
+    assert Path(stem + ".unclosed").read_text() == "flushed at exit"
+
+
+def _wait_for(path: Path, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def _gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_signal_to_the_command_reaches_its_stage(server, tmp_path, how):
+    pidfile = tmp_path / "pid"
+    proc = command(server, "sleep", str(pidfile))
+    stage = _wait_for(pidfile)
+    assert stage != proc.pid
+    proc.send_signal(how)
+    proc.communicate(timeout=30)
+    assert _gone(stage), "the stage outlived its command"
+    assert proc.returncode != 0
+
+
+def test_only_a_plain_python_m_of_a_stage_is_served():
+    assert stage_command(["python", "-m", "pipeline.train", "--seed", "0"]) == ("pipeline.train", ["--seed", "0"])
+    assert stage_command(["python", "-X", "importtime", "-m", "pipeline.train"]) is None
+    assert stage_command(["python", "-m", "pipeline.grid"]) is None
+    assert stage_command(["python", "-m", "pytest"]) is None
+
+
+@pytest.mark.slow
+def test_the_study_warm_is_the_study_cold(tmp_path):
+    """The tiny study, serial, warm and cold: the same stages run, the same results (the run
+    files alike but for times), and the warm one's stages were served."""
+    results = {}
+    for mode in ("warm", "cold"):
+        project = tmp_path / mode
+        env = make_project(project, tiny_params(seeds=[0]))
+        args = ["--cold"] if mode == "cold" else []  # -j 1: `bash run.sh repro -j 1`, a serial `dvc repro`
+        run = subprocess.run([sys.executable, "-m", "pipeline.grid", "-j", "1", *args], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        results[mode] = project
+    log = (results["warm"] / ".dvc/tmp/grid/warm.log").read_text()
+    assert log.count("served pipeline.train (") == 2 and log.count("served pipeline.evaluate (") == 2
+    for run in ("baseline-0", "no_positional-0"):
+        warm, cold = (json.loads((results[m] / "data/runs" / run / "train.json").read_text()) for m in results)
+        timing = {k for k in warm if k.endswith(("_s", "_at", "per_s")) or k in ("load", "mfu")}
+        assert {k: v for k, v in warm.items() if k not in timing} == {k: v for k, v in cold.items() if k not in timing}
+        warm, cold = (json.loads((results[m] / "data/eval" / run / "eval.json").read_text()) for m in results)
+        assert warm == cold
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_stage_forked_from_the_warm_imports_can_use_cuda():
+    """The server serves on a GPU machine only if a fork of it can run a CUDA kernel: its imports
+    must not have started CUDA (torch cannot start it again in a forked child)."""
+    code = ("import sys; from pipeline.grid import warm; warm._warm_imports(); "
+            "sys.exit(0 if warm._cuda_in_a_fork() else 1)")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
