@@ -25,6 +25,7 @@ import os
 import platform
 import re
 import signal
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -198,9 +199,9 @@ def gpu_test_counts(log: str) -> dict:
     """Counts from pytest -v's own lines, so a run cut mid-way still says what passed."""
     status = dict(re.findall(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", log, re.M))
     started = re.findall(r"^(tests/\S+::\S+) ", log, re.M)
-    collected = re.search(r"collected (\d+) items?", log)
+    collected = re.search(r"collected (\d+) items?(?: / (\d+) deselected)?", log)  # -m gpu deselects the rest
     passed = [t for t, s in status.items() if s == "PASSED"]
-    n = int(collected.group(1)) if collected else None
+    n = int(collected.group(1)) - int(collected.group(2) or 0) if collected else None
     return {"collected": n, "passed": len(passed), "failed": [t for t, s in status.items() if s in ("FAILED", "ERROR")],
             "skipped_tests": [t for t, s in status.items() if s == "SKIPPED"],
             "unfinished": [t for t in dict.fromkeys(started) if t not in status],
@@ -220,9 +221,9 @@ def study_figures(out: Path, prefix: str) -> Callable[[str], dict]:
         if (out / "run.json").exists():
             run = json.loads((out / "run.json").read_text())
             found.update({f"{prefix}_wall_s": run["wall_s"], "stage_s": run["stage_s"]})
-        if (out / "metrics.json").exists():
-            metrics = json.loads((out / "metrics.json").read_text())
-            found["val_loss"] = {name: v["val_loss"]["mean"] for name, v in metrics["variants"].items()}
+        if (out / "details.json").exists():  # the report's whole summary (metrics.json holds the verdict's keys)
+            details = json.loads((out / "details.json").read_text())
+            found["val_loss"] = {name: v["val_loss"]["mean"] for name, v in details["variants"].items()}
             found[f"{prefix}_val_loss"] = found["val_loss"].get("baseline")
         return found
     return read
@@ -235,7 +236,7 @@ def gpu_parts(scratch: Path, args) -> list[Part]:
     env = {name: {"STUDY_OUT": str(path), "TMPDIR": str(scratch)} for name, path in study.items()}
     return [
         Part("tests", [py, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "--durations=0",
-                       "tests/test_gpu.py"], gpu_test_counts),
+                       "tests/test_gpu.py", "tests/test_warm.py"], gpu_test_counts),
         Part("bench", [py, "-m", "benchmarks.gpu_bench", "--result", str(bench_json), "--batch", str(args.batch),
                        "--steps", str(args.steps), "--repeats", str(args.repeats)], bench_figures(bench_json)),
         Part("recipe", ["bash", "scripts/study.sh", RECIPE], study_figures(study[RECIPE], "recipe"), env[RECIPE]),
@@ -245,6 +246,8 @@ def gpu_parts(scratch: Path, args) -> list[Part]:
 
 def pack_studies(scratch: Path, dest: Path) -> None:
     """The study outputs so far (reports, metrics, run.json) as one file beside the JSON."""
+    for log in scratch.glob("study-*/.dvc/tmp/grid/warm.log"):  # what the warm server served, or why not
+        shutil.copy(log, dest.parent / f"{log.parents[3].name.split('.')[0]}_warm.log")
     studies = scratch / "studies"
     if not studies.exists():
         return

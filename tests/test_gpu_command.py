@@ -108,6 +108,12 @@ def test_pytest_counts_come_from_the_verbose_lines_also_when_cut_mid_test():
     assert counts["tests_not_passed"] == 2
 
 
+def test_tests_that_gpu_deselects_are_not_counted_as_not_passed():
+    log = ("collected 17 items / 10 deselected / 7 selected\n\n"
+           + "".join(f"tests/test_gpu.py::test_{i} PASSED   [ 1%]\n" for i in range(7)))
+    assert gpu_test_counts(log)["tests_not_passed"] == 0
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"

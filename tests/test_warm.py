@@ -66,8 +66,9 @@ def server(tmp_path_factory):
     log = open(root / "warm.log", "w")
     proc = start_server(path, log, cwd=root, env=env)
     (root / "bin").mkdir()
-    write_shims(str(root / "bin"), path)
-    env["PATH"] = f"{root / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    stages_path = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    write_shims(str(root / "bin"), path, stages_path)
+    env["PATH"] = f"{root / 'bin'}{os.pathsep}{stages_path}"
     yield root, path, env
     stop_server(proc, path)
     log.close()
@@ -106,10 +107,27 @@ def test_an_import_time_variable_set_differently_runs_it_the_ordinary_way(server
 
 
 def test_without_a_server_it_runs_the_ordinary_way(server, tmp_path):
-    write_shims(str(tmp_path), str(tmp_path / "no-such-socket"))
+    write_shims(str(tmp_path), str(tmp_path / "no-such-socket"), str(Path(sys.executable).parent))
     proc, seen, _ = echo(server, env={"PATH": f"{tmp_path}{os.pathsep}{Path(sys.executable).parent}"})
     assert proc.returncode == 0 and seen["pid"] == proc.pid
     assert str(tmp_path) not in seen["path"] and seen["executable"] == str(Path(sys.executable).absolute())
+
+
+def test_a_python_that_is_a_wrapper_of_the_servers_interpreter_is_served_and_another_is_not(server, tmp_path):
+    """A GPU machine's `python` can be a script that execs the image's interpreter (scripts/gpu_env.sh):
+    the same interpreter, served. One that runs another virtual environment's is not."""
+    other = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
+    for name, line, served in (("same", f'exec {sys.executable} "$@"', True),
+                               ("other", f'exec {other / "bin" / "python"} "$@"', False)):
+        wrapper, shims = tmp_path / name / "wrapper", tmp_path / name / "shims"
+        wrapper.mkdir(parents=True)
+        shims.mkdir()
+        (wrapper / "python").write_text(f"#!/bin/sh\n{line}\n")
+        (wrapper / "python").chmod(0o755)
+        write_shims(str(shims), server[1], str(wrapper))
+        proc, seen, _ = echo(server, env={"PATH": f"{shims}{os.pathsep}{wrapper}{os.pathsep}{server[2]['PATH']}"})
+        assert proc.returncode == 0 and (seen["pid"] != proc.pid) == served, name
 
 
 def test_an_exception_and_a_kill_end_the_command_as_they_end_the_stage(server):

@@ -51,6 +51,7 @@ def recv(sock: socket.socket):
     (n,) = struct.unpack("!I", recv_exact(sock, 4))
     return json.loads(recv_exact(sock, n))
 
+
 # -- the command's side: a `python` first on the stages' PATH --------------------------------------
 
 SHIM = """#!{python} -SE
@@ -59,17 +60,30 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("ablation_lab_shim", {shim!r})
 shim = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(shim)
-shim.shim({socket!r}, {python!r})
+shim.shim({socket!r}, {same!r}, {python!r})
 """
 
 
-def write_shims(folder: str, socket_path: str) -> None:
+def write_shims(folder: str, socket_path: str, path: str | None = None) -> None:
     """`python` and `python3` in `folder`: put first on PATH, they serve a stage's command from the
-    server at `socket_path` and exec the interpreter PATH would have found otherwise."""
+    server at `socket_path` and exec the interpreter PATH would have found otherwise. Served only
+    where that `python` is this interpreter, asked once here: a wrapper script that execs it (as
+    scripts/gpu_env.sh makes) counts, another venv does not. `path`: the PATH the stages get
+    (default: this process's)."""
+    import subprocess
+
     for name in ("python", "python3"):
+        found, same = _which(name, os.environ.get("PATH", "") if path is None else path), None
+        if found:
+            try:
+                ran = subprocess.run([found, "-c", "import sys; print(sys.executable); print(sys.prefix)"],
+                                     capture_output=True, text=True, timeout=60)
+                same = found if ran.stdout.split("\n")[:2] == [sys.executable, sys.prefix] else None
+            except (OSError, subprocess.SubprocessError):
+                pass
         path = os.path.join(folder, name)
         with open(path, "w", encoding="utf-8") as f:
-            f.write(SHIM.format(python=sys.executable, shim=os.path.abspath(__file__), socket=socket_path))
+            f.write(SHIM.format(python=sys.executable, shim=os.path.abspath(__file__), socket=socket_path, same=same))
         os.chmod(path, 0o755)
 
 
@@ -90,9 +104,10 @@ def _which(name: str, path: str) -> str | None:
     return None
 
 
-def shim(socket_path: str, server_python: str) -> None:
-    """The `python` of write_shims: the stage's command served by the server, else the real
-    interpreter exec'd with the same arguments. Either way the stage sees PATH without the shims."""
+def shim(socket_path: str, same: str | None, server_python: str) -> None:
+    """The `python` of write_shims: the stage's command served by the server where PATH's `python`
+    is `same` (the server's interpreter), else that `python` exec'd with the same arguments. Either
+    way the stage sees PATH without the shims."""
     name, args = os.path.basename(sys.argv[0]), sys.argv[1:]
     here = os.path.dirname(os.path.abspath(sys.argv[0]))
     env = dict(os.environ)
@@ -103,10 +118,8 @@ def shim(socket_path: str, server_python: str) -> None:
         print(f"{name}: command not found", file=sys.stderr)
         os._exit(127)
     command = stage_command([name, *args])
-    same_python = os.path.dirname(real) == os.path.dirname(server_python) and (
-        os.path.realpath(real) == os.path.realpath(server_python))
-    if command and same_python and not any(k in env for k in TORCHRUN):
-        _serve(socket_path, command, env, real)  # returns when it cannot be served exactly
+    if command and real == same and not any(k in env for k in TORCHRUN):
+        _serve(socket_path, command, env, server_python)  # returns when it cannot be served exactly
     os.execve(real, [real, *args], env)
 
 

@@ -307,8 +307,10 @@ def compiled(model, device: torch.device, dynamic: bool, backend="inductor"):
     happen to be equal in the first batch one symbol ("duck sizing": a source as long as its target
     would recompile at the first batch where they differ), which is turned off here for the process.
     On CUDA, inductor also guards that the fused attention's mask and statistics are aligned to 8
-    elements, which the loop keeps true by padding encoder-decoder lengths to multiples of 8.
-    So the step compiles once.
+    elements, which the loop keeps true by padding encoder-decoder lengths to multiples of 8, and
+    its matmul padding pass (`shape_padding`) guards on whether a product of sizes makes a matmul
+    compute-bound (seen on an H200: `tgt_len * batch >= 150` recompiled), so it is off for dynamic
+    steps. So the step compiles once.
     Language-model windows have one shape: static, as specialised as inductor can make it.
     `backend`: tests count compilations with a cheap one.
     """
@@ -325,6 +327,8 @@ def compiled(model, device: torch.device, dynamic: bool, backend="inductor"):
         import torch.fx.experimental._config as shapes
 
         shapes.use_duck_shape = False  # read when a graph is traced, so it stays set
+    if dynamic and backend == "inductor":
+        return torch.compile(model, dynamic=True, backend=backend, options={"shape_padding": False})
     return torch.compile(model, dynamic=dynamic or None, backend=backend)
 
 
