@@ -49,17 +49,22 @@ def scratch_project(folder: Path, params: Path) -> Path:
     return folder
 
 
+def run_walls(project: Path) -> list[tuple[str, float]]:
+    """(variant, training loop seconds) of each run of a finished study (train.json)."""
+    runs = [json.loads(p.read_text()) for p in sorted((project / "data" / "runs").glob("*/train.json"))]
+    return [(run["variant"], run["wall_time_s"]) for run in runs]
+
+
 def summed_loops(project: Path) -> tuple[float, int]:
-    walls = [json.loads(p.read_text())["wall_time_s"] for p in sorted((project / "data" / "runs").glob("*/train.json"))]
+    walls = [wall for _, wall in run_walls(project)]
     return round(sum(walls), 2), len(walls)
 
 
 def variant_loops(project: Path) -> dict[tuple[str, None], float]:
     """{(variant, None): its runs' mean training loop} of a finished study."""
     walls: dict[str, list[float]] = {}
-    for path in sorted((project / "data" / "runs").glob("*/train.json")):
-        run = json.loads(path.read_text())
-        walls.setdefault(run["variant"], []).append(run["wall_time_s"])
+    for variant, wall in run_walls(project):
+        walls.setdefault(variant, []).append(wall)
     return {(v, None): sum(w) / len(w) for v, w in walls.items()}
 
 

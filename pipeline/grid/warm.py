@@ -23,12 +23,24 @@ a CUDA kernel.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
+import importlib
+import io
 import os
+import random
+import runpy
+import select
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import threading
+import time
+import traceback
 
 from pipeline.grid.shim import STAGES, fingerprint, recv, send, write_shims
 
@@ -44,14 +56,10 @@ def _threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
-        import threading
-
         return threading.active_count()
 
 
 def _warm_imports() -> None:
-    import importlib
-
     # Should an import ask torch whether CUDA is there, NVML answers: the CUDA driver's own answer
     # would start it in this process, and a forked child could then not use CUDA.
     before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
@@ -65,7 +73,7 @@ def _warm_imports() -> None:
         sys.modules["pipeline.scoring.metrics"].rouge_scorer_module()
     except Exception:  # noqa: BLE001
         pass
-    for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "model") and n != "__main__"]:
+    for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "model")]:
         if name not in ("pipeline", "pipeline.grid", "pipeline.grid.warm"):
             del sys.modules[name]
     if before is None:
@@ -77,8 +85,6 @@ def _warm_imports() -> None:
 def _cuda_in_a_fork(timeout_s: float = 120) -> bool:
     """On a GPU machine: whether a child forked from here can run a CUDA kernel (it cannot once
     this process has started CUDA). Tried once, before serving anything."""
-    import time
-
     pid = os.fork()
     if pid == 0:
         try:
@@ -105,8 +111,6 @@ def serve(path: str) -> None:
     listener.listen(64)  # commands that connect now wait for the imports below, not fail
     me = fingerprint(os.environ)  # before the imports, as a command sees it before its own
     _warm_imports()
-    import gc
-
     gc.collect()
     gc.freeze()  # the imports' objects: never collected in a stage (fast collections, pages stay shared)
     rng = None
@@ -114,8 +118,6 @@ def serve(path: str) -> None:
         rng = sys.modules["torch"].random.get_rng_state()
     # Native threads that libraries start at import and mend at fork (OpenBLAS's pool, jemalloc's
     # background thread) are fine; a Python thread would not exist in the forked stage.
-    import threading
-
     why_not = "" if threading.active_count() == 1 else "forking a threaded process is not safe"
     if not why_not and os.path.isdir("/proc/driver/nvidia/gpus") and not _cuda_in_a_fork():
         why_not = "a process forked from this one cannot use CUDA"
@@ -136,8 +138,6 @@ def serve(path: str) -> None:
 
 def _handle(conn: socket.socket, me: dict, serving: bool, rng) -> None:
     """In a child per command: start the stage's process, pass on signals, report how it ended."""
-    import time
-
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
@@ -162,8 +162,6 @@ def _handle(conn: socket.socket, me: dict, serving: bool, rng) -> None:
         ended = [os.pidfd_open(pid)]
     except (AttributeError, OSError):
         ended = []
-    import select
-
     status, pending = None, b""
     while status is None:
         try:
@@ -194,9 +192,6 @@ def _handle(conn: socket.socket, me: dict, serving: bool, rng) -> None:
 def _become_stage(request: dict, fds: list[int], rng) -> None:
     """Turn this forked child into `python -m MODULE ARGS` run in the command's directory, with
     its environment and streams; exit as it ends."""
-    import io
-    import runpy
-
     os.setpgid(0, 0)
     for signum, handler in ((signal.SIGCHLD, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
                             (signal.SIGINT, signal.default_int_handler)):
@@ -220,8 +215,6 @@ def _become_stage(request: dict, fds: list[int], rng) -> None:
     sys.path[0] = request["cwd"]
     sys.argv = ["-m", *request["args"]]
     sys.executable = request["executable"]
-    import random
-
     random.seed()  # a fresh process seeds these from the OS; forked ones would share the server's
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -234,8 +227,6 @@ def _become_stage(request: dict, fds: list[int], rng) -> None:
     except SystemExit as exc:
         code = exc.code
     except KeyboardInterrupt:
-        import traceback
-
         traceback.print_exc()
         code, interrupted = 1, True
     except BaseException:  # noqa: BLE001 - as Python reports an uncaught exception
@@ -248,10 +239,6 @@ def _exit(code, interrupted: bool) -> None:
     """Python's own exit, less tearing down the thousands of modules the server imported (~1.2 s,
     more than many stages' work): wait for non-daemon threads, run the atexit callbacks (logging,
     MLflow, weakref.finalize, multiprocessing), collect garbage (closes unreferenced files), flush."""
-    import atexit
-    import gc
-    import threading
-
     if code is None:
         code = 0
     elif not isinstance(code, int):
@@ -275,8 +262,6 @@ def _exit(code, interrupted: bool) -> None:
 def warm_starts(log=None):
     """For the block: a server started, and its `python` shims first on this process's PATH, so
     that the commands it starts (DVC's, and DVC's stages') are served warm."""
-    import shutil
-
     folder = tempfile.mkdtemp(prefix="ablation-warm-")  # short: a socket's path is < 108 bytes
     path = os.path.join(folder, "socket")
     server = start_server(path, log)
@@ -293,8 +278,6 @@ def warm_starts(log=None):
 
 def run(command: list[str], log=None) -> int:
     """Run `command` with warm starts (the server's lines to `log`); its exit status."""
-    import subprocess
-
     with warm_starts(log):
         return subprocess.run(command).returncode
 
@@ -302,9 +285,6 @@ def run(command: list[str], log=None) -> int:
 def start_server(path: str, log=None, **popen):
     """The server as a process of its own session: a Ctrl-C at the terminal reaches the stages'
     commands (which forward it), not the server. Ready to accept once `path` exists."""
-    import subprocess
-    import time
-
     server = subprocess.Popen([sys.executable, "-m", "pipeline.grid.warm", "--serve", path],
                               stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
                               **popen)
@@ -315,8 +295,6 @@ def start_server(path: str, log=None, **popen):
 
 
 def stop_server(server, path: str) -> None:
-    import subprocess
-
     server.terminate()
     try:
         server.wait(timeout=10)
