@@ -17,6 +17,7 @@ NORMS = ("layernorm", "rmsnorm", "none")  # none: the "no normalization" ablatio
 NORM_POSITIONS = ("post", "pre")
 FFNS = ("relu", "gelu", "silu", "swiglu")
 ATTENTION_IMPLS = ("manual", "sdpa")
+INITS = ("xavier", "gpt2")
 
 _CHOICES = {
     "arch": ARCHS,
@@ -25,6 +26,7 @@ _CHOICES = {
     "norm_position": NORM_POSITIONS,
     "ffn": FFNS,
     "attention_impl": ATTENTION_IMPLS,
+    "init": INITS,
 }
 
 
@@ -43,7 +45,10 @@ class ModelConfig:
     n_encoder_layers: int = 6  # encoder_decoder only
     n_decoder_layers: int = 6  # the decoder, or the only stack for decoder_only / prefix_lm
     d_ff: int = 2048  # FFN hidden width; swiglu uses round(2 * d_ff / 3) to keep the parameter count
-    dropout: float = 0.1  # on embeddings, sublayer outputs and the FFN hidden layer
+    dropout: float = 0.1  # on embeddings, sublayer outputs and (unless ffn_dropout says otherwise) the FFN hidden layer
+    # On the FFN's hidden layer; None: `dropout`, as before this field existed. GPT-2 and nanoGPT
+    # drop out only the FFN's output (the sublayer's), so their recipes set 0 here.
+    ffn_dropout: float | None = None
     # On attention weights. The paper has none (only residual and embedding dropout), and without
     # it the fused attention kernel can take its flash path; nn.Transformer uses `dropout` here.
     attention_dropout: float = 0.0
@@ -66,6 +71,11 @@ class ModelConfig:
     tie_output: bool = True  # output projection reuses the (target) token embedding
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model), as in the paper
     bias: bool = True  # biases in linear layers and LayerNorm (False: slightly fewer params)
+    # Initial weights. xavier: Xavier-uniform linear layers (nn.Transformer), token tables N(0, 1/d_model)
+    # to go with the sqrt(d_model) scale. gpt2: every linear weight and embedding table N(0, 0.02),
+    # the projections that write into the residual stream N(0, 0.02 / sqrt(residual sublayers of
+    # their stack)) (GPT-2, nanoGPT: 0.02 / sqrt(2 * layers) for a decoder-only model).
+    init: str = "xavier"
     pad_id: int = 0
     bos_id: int = 2  # starts tgt_in; also the source/target separator in decoder-only archs
     eos_id: int = 3  # generation stops here
@@ -88,8 +98,8 @@ class ModelConfig:
         if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError(f"ModelConfig.positional='rope' needs an even head size, got "
                              f"d_model/n_heads = {self.d_model // self.n_heads}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
+        for name in ("dropout", "attention_dropout", "ffn_dropout"):
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.rope_theta <= 0:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
@@ -115,6 +125,11 @@ class ModelConfig:
                                  "padding is detected by id")
 
     @property
+    def ffn_hidden_dropout(self) -> float:
+        """The FFN hidden layer's dropout: ffn_dropout, or `dropout` when that is None."""
+        return self.dropout if self.ffn_dropout is None else self.ffn_dropout
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
@@ -134,14 +149,15 @@ class ModelConfig:
                 ok = isinstance(value, bool)
             elif expected is int:
                 ok = isinstance(value, int) and not isinstance(value, bool)
-            elif expected is float:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-                if ok:
+            elif expected in (float, float | None):
+                ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or (
+                    value is None and expected is not float)
+                if ok and value is not None:
                     object.__setattr__(self, field.name, float(value))
             else:
                 ok = isinstance(value, expected)
             if not ok:
-                raise ValueError(f"ModelConfig.{field.name} must be {expected.__name__}, "
+                raise ValueError(f"ModelConfig.{field.name} must be {getattr(expected, '__name__', str(expected))}, "
                                  f"got {value!r} ({type(value).__name__})")
 
     def _check_positive(self, *names: str) -> None:

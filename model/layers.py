@@ -37,6 +37,7 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 class FeedForward(nn.Module):
     """Position-wise FFN: w_out(dropout(act(w_in x))); for swiglu, w_out(silu(x W) * (x V)).
+    The hidden dropout is cfg.ffn_hidden_dropout (none at 0, as in GPT-2).
 
     SwiGLU's two input matrices are fused into one (D, 2*hidden) projection.
     """
@@ -48,7 +49,7 @@ class FeedForward(nn.Module):
         self.act = F.silu if self.gated else _ACTIVATIONS[cfg.ffn]
         self.w_in = nn.Linear(cfg.d_model, 2 * hidden if self.gated else hidden, bias=cfg.bias)
         self.w_out = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
-        self.dropout = make_dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg.ffn_hidden_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.w_in(x)

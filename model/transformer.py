@@ -51,8 +51,13 @@ class TransformerBase(nn.Module):
         self.emb_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
 
     def _init_weights(self) -> None:
-        """Xavier-uniform linear layers as in nn.Transformer; token embeddings N(0, 1/d_model) so that
+        """cfg.init: xavier (below) or gpt2 (_init_gpt2).
+
+        Xavier-uniform linear layers as in nn.Transformer; token embeddings N(0, 1/d_model) so that
         after the sqrt(d_model) scale they have unit variance and tied logits start O(1)."""
+        if self.cfg.init == "gpt2":
+            self._init_gpt2()
+            return
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
@@ -61,6 +66,28 @@ class TransformerBase(nn.Module):
         for table in (self.embed, getattr(self, "src_embed", None)):
             if table is not None:
                 nn.init.normal_(table.weight, std=self.cfg.d_model**-0.5)
+
+    def _init_gpt2(self) -> None:
+        """GPT-2's scheme, as nanoGPT's model.py has it: every linear weight and embedding table
+        (tokens, learned positions, an untied head) N(0, 0.02), zero biases, norms left at one; then
+        the projections that write into the residual stream (attention's output, the FFN's second
+        matrix) N(0, 0.02 / sqrt(n)), n = the residual sublayers of their stack (2 a layer, 3 with
+        cross-attention), so that the stream's variance at the top does not grow with depth."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for stack in (getattr(self, "encoder", None), self.decoder):
+            if stack is None:
+                continue
+            n = sum(2 if layer.cross_attn is None else 3 for layer in stack.layers)
+            for layer in stack.layers:
+                writers = [layer.self_attn.out_proj, layer.ffn.w_out]
+                if layer.cross_attn is not None:
+                    writers.append(layer.cross_attn.out_proj)
+                for proj in writers:
+                    nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(n))
 
     # -- shared pieces -------------------------------------------------------------------------
     def _embed(self, tokens: Tensor, table: nn.Embedding | None = None) -> Tensor:

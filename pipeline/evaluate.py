@@ -55,6 +55,7 @@ from pipeline.scoring.output_checks import flags, output_stats
 from pipeline.train_bpe import load_tokenizer
 from pipeline.training import trainer
 from pipeline.training.batching import Split, collate, load_split, load_texts, read_manifest
+from pipeline.training.checkpoint import LAST_MODEL
 from pipeline.training.batching import lm_stream as training_stream
 from pipeline.training.device import choose_threads, recorded_slots, resolve_device
 from pipeline.training.gpu_lock import claimed
@@ -323,6 +324,10 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
         test_texts = load_texts(shards, manifest, "test")[1]
         lm, counted = lm_metrics(model, val, test, test_texts, eos, context, batch_size, device, cfg.max_loss_tokens)
         metrics.update(lm)
+        if (run_dir / LAST_MODEL).exists():  # train.keep = best kept an earlier step: the last one too
+            nats, n = lm_nats(load_model(run_dir, device, LAST_MODEL), val.tgt, eos, context, batch_size, device,
+                              cfg.max_loss_tokens, "val loss, last step's model")
+            metrics["val_loss_last"] = nats / max(n, 1)
         samples = lm_samples(model, test, sp, cfg, eos, context, device)
         attention = lm_attention(model, val, sp, eos, context, device)
         metrics["n_decoded"] = len(samples)
@@ -337,6 +342,10 @@ def evaluate(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: Evalu
                               f"{name} loss", scored)
             metrics[f"{name}_loss"], metrics[f"{name}_ppl"] = loss, math.exp(min(loss, 50))
             counted[name] = loss_tokens(scored, total)
+            if name == "val" and (run_dir / LAST_MODEL).exists():  # train.keep = best: the last step's too
+                metrics["val_loss_last"] = split_loss(load_model(run_dir, device, LAST_MODEL), train_head, subset, ids,
+                                                      task, batch_tokens, context, batch_size, device,
+                                                      "val loss, last step's model", scored)
         texts = load_texts(shards, manifest, "test", limit=cfg.max_examples)
         sources, references, predictions = decode(model, test, texts, ids, cfg, sp, device)
         metrics.update(task_metrics(task, references, predictions))

@@ -143,7 +143,15 @@ class TrainParams(Section):
     min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine/linear floor as a fraction of lr
     clip_grad_norm: float | None = Field(1.0, gt=0)
     eval_every: int = Field(100, gt=0)  # steps between validation passes
-    eval_examples: int = Field(256, gt=0)  # fixed validation subset (seq2seq examples / LM windows)
+    eval_examples: int = Field(256, gt=0)  # validation examples / LM windows of each in-loop estimate
+    # Language modelling: which windows the in-loop estimate scores. first: the split's first
+    # eval_examples non-overlapping windows, the same at every evaluation (a low-noise curve for
+    # comparing variants). random: eval_examples windows at random starts over the whole split,
+    # drawn anew at every evaluation from (seed, step): nanoGPT's estimate of the whole-split loss.
+    eval_windows: Literal["first", "random"] = "first"
+    # The model the stage hands on (model.pt): last, the final step's (equal budgets for every
+    # variant); best, the one with the lowest in-loop estimate (nanoGPT keeps its best checkpoint).
+    keep: Literal["last", "best"] = "last"
     log_every: int = Field(20, gt=0)
     checkpoint_every: int = Field(200, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
@@ -199,6 +207,11 @@ class Reference(Section):
     std: float | None = Field(None, ge=0)
     n: int | None = Field(None, ge=1)
     description: str | None = None  # how it was measured, e.g. "whole validation split, seeds 1337-1339"
+    # Which quantity `value` is, so the report sets it beside the same one of ours: whole_split,
+    # `metric` over the whole split (the evaluate stage's, of the model train kept); best_estimate,
+    # the lowest in-loop estimate of a run (nanoGPT's "best val loss"; ours: train.json's
+    # val_estimate_best, set train.eval_windows and train.keep to match how it was taken).
+    quantity: Literal["whole_split", "best_estimate"] = "whole_split"
 
     @model_validator(mode="after")
     def _spread_with_n(self) -> "Reference":
@@ -208,6 +221,9 @@ class Reference(Section):
             raise ValueError("ci or std needs n (the runs behind the value), and n needs ci or std")
         if self.ci is not None and self.n < 2:
             raise ValueError("ci needs n >= 2 (one run has no interval)")
+        if self.quantity == "best_estimate" and self.metric != "val_loss":
+            raise ValueError(f"quantity best_estimate is an in-loop validation loss: metric must be val_loss, "
+                             f"got {self.metric!r}")
         return self
 
 

@@ -125,7 +125,7 @@ def render_report(
             + loss_budget_blocks(runs)
             + (sweeps.fair_lr_blocks(fair, baseline, main_lr, tmp / "figures", colors) if fair else [])
             + (sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
-            + reference_blocks(results, baseline, reference)
+            + reference_blocks(results, baseline, reference, runs, seeds)
             + plateau_blocks(results, variants, plateau)
             + knockout_blocks(knockouts, runs, seeds, baseline, ablations or {}, tmp / "figures")
             + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")

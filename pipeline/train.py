@@ -26,7 +26,7 @@ from pipeline.params import ParamsError, load_params, model_config, resolve_vari
 from pipeline.tracking import Tracker, git_revision, live_tracking, point_label
 from pipeline.training import trainer
 from pipeline.training.batching import lm_token_file, load_split, read_manifest
-from pipeline.training.checkpoint import config_hash, save_torch, source_hash
+from pipeline.training.checkpoint import LAST_MODEL, config_hash, save_torch, source_hash
 from pipeline.training.device import (
     _other_running_processes, choose_threads, grid_share, join_cluster, leave_cluster, peak_flops, resolve_device,
 )
@@ -217,6 +217,9 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
         tracker.end("FAILED")
         raise
     finished_at, load_end, cpu_end = time.time(), machine_load(), cpu_seconds()
+    # train.keep = best: `model` holds the kept weights; the last step's are saved beside them, so
+    # evaluate can score both on the whole validation split.
+    last_state = result.pop("last_state", None)
     counts = model.param_counts()
     metrics = {
         **ident, "params_total": counts["total"], "params_by_component": counts,
@@ -237,12 +240,14 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         save_torch({"model_config": cfg.__dict__.copy(), "state_dict": model.state_dict()}, tmp / "model.pt")
+        if last_state is not None:
+            save_torch({"model_config": cfg.__dict__.copy(), "state_dict": last_state}, tmp / LAST_MODEL)
         (tmp / "train_curve.csv").write_text(csv_text(["step", "tokens", "train_loss", "lr"], result["train_rows"]))
         (tmp / "val_curve.csv").write_text(csv_text(["step", "tokens", "val_loss"], result["val_rows"]))
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "train.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    tracker.log_metrics({k: metrics[k] for k in ("tokens_per_s", "mfu", "padding_ratio") if metrics[k] is not None},
-                        result["steps"])
+    tracker.log_metrics({k: metrics[k] for k in ("tokens_per_s", "mfu", "padding_ratio", "val_estimate_best")
+                         if metrics[k] is not None}, result["steps"])
     for name in ("config.json", "train_curve.csv", "val_curve.csv", "train.json"):
         tracker.log_artifact(out / name)
     tracker.end()
@@ -277,8 +282,10 @@ def main(argv: list[str] | None = None) -> None:
     except (ParamsError, ValueError, OSError, trainer.NonFiniteLoss) as exc:
         raise stage_error("train", exc) from None
     if int(os.environ.get("RANK", "0")) == 0 and "diverged" not in metrics:  # torchrun: one line, not one per rank
+        kept = (f"; kept step {metrics['kept_step']} (best in-loop estimate {metrics['val_estimate_best']:.4f})"
+                if metrics["keep"] == "best" else "")
         print(f"{run_name(args.variant, args.seed, point)}: val_loss {metrics['val_loss']:.4f}, "
-              f"{metrics['tokens_trained']} target tokens in {metrics['wall_time_s']:.1f} s")
+              f"{metrics['tokens_trained']} target tokens in {metrics['wall_time_s']:.1f} s{kept}")
 
 
 if __name__ == "__main__":

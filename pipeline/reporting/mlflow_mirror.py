@@ -258,7 +258,8 @@ def create_run(client, exp_id: str, run: RunFiles, digest: str, data: RunData | 
                for name, keys in CURVES.items()
                for row in _rows(run.run_dir / name) for key in keys]
     metrics += [Metric(k, float(train[k]), stamp, int(train.get("steps") or 0))
-                for k in ("tokens_per_s", "mfu", "padding_ratio") if isinstance(train.get(k), (int, float))]
+                for k in ("tokens_per_s", "mfu", "padding_ratio", "kept_step", "val_estimate_best")
+                if isinstance(train.get(k), (int, float))]
     for i in range(0, len(metrics), 500):
         client.log_batch(run_id, metrics=metrics[i:i + 500])
     for name in RUN_FILES:

@@ -14,7 +14,8 @@ from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_int, fmt_p, f
 from pipeline.reporting.inputs import Run, number, values_by_seed
 from pipeline.reporting.render import Block, Heading, Paragraph, Table
 from pipeline.reporting.results import DEFAULT_PRIMARY, DERIVED, METRIC_NOTES, OUTPUT_METRICS, Results
-from pipeline.reporting.stats import ALPHA, MAX_SEEDS, POWER, higher_is_better, sd_from_interval, verdict_for, welch
+from pipeline.reporting.stats import (ALPHA, MAX_SEEDS, POWER, higher_is_better, sd_from_interval, summarize, verdict_for,
+                                      welch)
 
 DEGENERATE = "⚠"
 COMPONENT_ORDER = ("embeddings", "attention", "ffn", "norms", "other", "total")
@@ -169,23 +170,42 @@ def delta_notes(results: Results, variants: Sequence[str]) -> list[str]:
     return notes
 
 
-def reference_blocks(results: Results, baseline: str, reference: Mapping | None) -> list[Block]:
-    """The baseline against an outside reference value (report.reference): with the reference's
+# report.reference.quantity -> what of ours is the same quantity: (record, key, how it is measured).
+REFERENCE_QUANTITIES = {
+    "whole_split": ("eval", None, "the evaluate stage's loss over the whole split, of the model train kept"),
+    "best_estimate": ("train", "val_estimate_best", "the lowest in-loop estimate of each run (train.json "
+                      "val_estimate_best: train.eval_windows, train.eval_examples windows every train.eval_every steps)"),
+}
+
+
+def reference_blocks(results: Results, baseline: str, reference: Mapping | None,
+                     runs: Mapping | None = None, seeds: Sequence[int] = ()) -> list[Block]:
+    """The baseline against an outside reference value (report.reference), like with like: the
+    reference's `quantity` picks which of our numbers it sits beside (the whole-split loss, or the
+    best in-loop estimate), and the whole-split loss is shown in either case. With the reference's
     spread and n, Welch's t-test of the difference (unpaired: other code, seeds and machine)."""
     if not reference:
         return []
     metric, value, source = reference["metric"], float(reference["value"]), reference["source"]
+    quantity = reference.get("quantity") or "whole_split"
     ref_n, ci, std = reference.get("n"), reference.get("ci"), reference.get("std")
     ref_sd = std if std is not None else sd_from_interval(ci, ref_n) if ci is not None and ref_n else None
     ref_text = f"{fmt(value)}" + (f" ± {fmt(ci, 2)} (95% t-interval, n={ref_n})" if ci is not None else
                                   f" (sd {fmt(std, 2)}, n={ref_n})" if std is not None else " (no spread given)")
-    head = f"Reference ({source}): {metric} = {ref_text}."
+    record, key, how = REFERENCE_QUANTITIES[quantity]
+    head = f"Reference ({source}): {metric} = {ref_text}, as {quantity.replace('_', ' ')}."
     if reference.get("description"):
         head += f" Measured: {reference['description']}."
-    s = results.summaries.get(baseline, {}).get(metric)
+    head += f" Ours, the same quantity: {how}."
+    whole = results.summaries.get(baseline, {}).get(metric)
+    if record == "eval":
+        s, ours = whole, metric
+    else:
+        values = values_by_seed(runs or {}, baseline, seeds, record, key)
+        s, ours = (summarize(list(values.values())) if values else None), key
     if s is None or s.mean is None:
-        return [Heading("Reference"), Paragraph(head), Paragraph(f"{metric} of {baseline}: {MISSING} (no run has it).")]
-    text = f"{baseline}: {fmt_summary(s)}."
+        return [Heading("Reference"), Paragraph(head), Paragraph(f"{ours} of {baseline}: {MISSING} (no run has it).")]
+    text = f"{baseline}, {ours}: {fmt_summary(s)}."
     sd = sd_from_interval(s.half_width, s.n) if s.half_width is not None else None
     test = welch(s.mean, sd, s.n, value, ref_sd, ref_n) if sd is not None and ref_sd is not None else None
     if test is not None:
@@ -199,9 +219,12 @@ def reference_blocks(results: Results, baseline: str, reference: Mapping | None)
             else f"{baseline} has no interval"
         text += (f" Mean {'at or better than' if better else 'worse than'} the reference by "
                  f"{fmt(abs(s.mean - value), 3)}; not tested: {why}.")
-    return [Heading("Reference"), Paragraph(head), Paragraph(text)]
-
-
+    blocks = [Heading("Reference"), Paragraph(head), Paragraph(text)]
+    if record != "eval":  # the other quantity, so neither is read for the other
+        blocks.append(Paragraph(f"{baseline}, {metric} over the whole split (the kept model): "
+                                + (fmt_summary(whole) if whole is not None and whole.mean is not None else MISSING)
+                                + "; not the reference's quantity."))
+    return blocks
 
 
 def plateau_blocks(results: Results, variants: Sequence[str], plateau: float | None) -> list[Block]:
@@ -290,13 +313,22 @@ def per_run_blocks(runs, variants, seeds, metrics: Sequence[str]) -> list[Block]
     # Run ids exist only where the train stage mirrored live; otherwise the report stage mirrors
     # after this page is written, and the MLflow run is found by its name.
     live = any((runs[(v, s)].train or {}).get("mlflow_run_id") for v in variants for s in seeds)
+    # train.keep = best: which step's model the evaluation scored, and the in-loop estimates.
+    best = any((runs[(v, s)].train or {}).get("keep") == "best" for v in variants for s in seeds)
+    kept = ("kept step", "val_estimate_best", "val_estimate_last")
     rows = []
     for v in variants:
         for s in seeds:
             run = runs[(v, s)]
             rows.append([v, str(s)] + [fmt_raw(run.eval, m) for m in metrics] + [
                 fmt_raw(run.train, "tokens_trained"), fmt_raw(run.train, "wall_time_s"),
-            ] + ([fmt_raw(run.train, "mlflow_run_id")] if live else []))
-    headers = ["variant", "seed"] + list(metrics) + ["tokens trained", "wall time (s)"] + (["MLflow run"] if live else [])
+            ] + ([fmt_raw(run.train, k.replace(" ", "_")) for k in kept] + [fmt_raw(run.eval, "val_loss_last")]
+                 if best else [])
+                + ([fmt_raw(run.train, "mlflow_run_id")] if live else []))
+    headers = (["variant", "seed"] + list(metrics) + ["tokens trained", "wall time (s)"]
+               + ([*kept, "val_loss of the last step's model"] if best else []) + (["MLflow run"] if live else []))
     caption = "One row per variant × seed" + ("" if live else "; in MLflow, the run named <variant>-<seed>")
+    if best:
+        caption += ("; train.keep = best: each run's metrics are those of its kept step's model (the lowest "
+                    "in-loop estimate), the last step's model is scored on the validation split beside it")
     return [Heading("Per-run values"), Table(headers, rows, caption)]

@@ -47,10 +47,10 @@ def run_settings(run_dir: Path) -> TrainParams:
         raise ValueError(f"{path}: train.{err['loc'][0]}: {err['msg']} (got {err['input']!r})") from None
 
 
-def load_model(run_dir: Path, device: torch.device):
+def load_model(run_dir: Path, device: torch.device, name: str = "model.pt"):
     from model import ModelConfig, build_model
 
-    path = run_dir / "model.pt"
+    path = run_dir / name
     # torch.load reports a cut file as "[Errno 22] Invalid argument" or a bare EOFError; a
     # PyTorch file is a zip archive, whose directory at the end is the first thing a cut loses.
     if path.is_file() and not zipfile.is_zipfile(path):

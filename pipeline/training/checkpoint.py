@@ -22,6 +22,8 @@ from pipeline.atomic import FULL, DiskFull, atomic_path, free_bytes
 from pipeline.training.device import all_reduce, broadcast
 
 _NAME = re.compile(r"step-(\d{8})\.pt$")
+# A run's last step's weights, beside model.pt, when train.keep = best kept an earlier step.
+LAST_MODEL = "last.pt"
 
 
 def config_hash(obj: Any) -> str:

@@ -84,13 +84,33 @@ class Data:
             return len(idx) * self.context
         return int(sum(len(self.train.tgt[i]) + 1 for i in idx))
 
-    def val_batches(self, max_examples: int) -> list[np.ndarray]:
-        """A fixed validation subset: the first `max_examples` examples (or windows), in order."""
+    def val_batches(self, max_examples: int, windows: str = "first", step: int = 0) -> list[np.ndarray]:
+        """The validation batches of the in-loop estimate at `step` (train.eval_windows).
+
+        first: a fixed subset, the first `max_examples` examples (or windows), in order.
+        random (language modelling): `max_examples` windows at uniformly random starts over the
+        whole split, drawn from (seed, step): new windows at every evaluation, the same ones for
+        every variant of a seed, and again the same after a resume.
+        """
+        if windows == "random":
+            if not self.lm:
+                raise ValueError("train.eval_windows: random draws language-model windows; this task is "
+                                 f"{self.task} (use first)")
+            if len(self.val_stream) <= self.context:
+                raise ValueError(f"train.eval_windows: the validation split ({len(self.val_stream)} tokens) is "
+                                 f"shorter than one window of train.context + 1 = {self.context + 1}")
+            rng = np.random.default_rng([self.seed, step, _EVAL_DRAW])
+            starts = rng.integers(0, len(self.val_stream) - self.context, size=max(1, max_examples))
+            return [starts[i:i + self.batch_size] for i in range(0, len(starts), self.batch_size)]
         if self.lm:
             return lm_batches(len(self.val_stream), self.context, self.batch_size, 0, 0, shuffle=False)[
                 : max(1, max_examples // self.batch_size)] or [np.array([0])]
         subset = Split(self.val.src[:max_examples], self.val.tgt[:max_examples])
         return seq2seq_batches(subset, self.batch_tokens, 0, 0, shuffle=False)
+
+
+# Keeps the validation draws of train.eval_windows = random apart from the training windows' (seed, epoch).
+_EVAL_DRAW = 0x5EA1
 
 
 # Planning walks the batches of every epoch the budget needs, a few ms each: past this many
@@ -156,11 +176,14 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
     per_step = cfg["grad_accum"] * cluster.world
     total_steps, budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"], per_step)
     scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"])
-    val_batches = data.val_batches(cfg["eval_examples"])
+    eval_windows, keep = cfg.get("eval_windows", "first"), cfg.get("keep", "last")
+    val_batches = data.val_batches(cfg["eval_examples"], eval_windows)
     s = {"step": 0, "tokens": 0, "epoch": 0, "index": 0, "train_rows": [], "val_rows": [], "elapsed": 0.0}
     # This rank's share, saved per rank. "shape": micro-batches, rows, source and target lengths
     # (padded), summed: the mean batch the planner's time model is calibrated on.
     mine = {"loss_acc": [0.0, 0], "pad": [0, 0], "shape": [0, 0, 0, 0]}
+    # train.keep = best: the lowest in-loop estimate so far, its step and the weights (on the CPU).
+    best: dict | None = None
     resumed = checkpoint.load_for_ranks(ckpt_dir, run_hash, device)
     if resumed is not None:
         model.load_state_dict(resumed["model"])
@@ -172,6 +195,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
             "pad": resumed["loop"].get("pad", [0, 0])}
         checkpoint.set_rng_state(mine["rng"])
         s = resumed["loop"]
+        best = resumed.get("best")
         log(f"resumed from step {s['step']} ({ckpt_dir})")
     saved = s["step"] if resumed is not None else None  # the step of the last good checkpoint
     ddp = step_model = model
@@ -259,8 +283,13 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
             loss_sum.zero_()
             loss_tokens = 0
         if s["step"] % cfg["eval_every"] == 0 or last:
+            if eval_windows == "random":
+                val_batches = data.val_batches(cfg["eval_examples"], eval_windows, s["step"])
             val_loss = evaluate_loss(eval_model, data, val_batches, device, use_autocast, cluster)
             s["val_rows"].append([s["step"], s["tokens"], val_loss])
+            if keep == "best" and (best is None or val_loss < best["val_loss"]):
+                best = {"step": s["step"], "val_loss": val_loss,
+                        "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
             if tracker:
                 tracker.log_metrics({"val_loss": val_loss}, s["step"])
         if s["step"] % cfg["checkpoint_every"] == 0 and not last:
@@ -273,6 +302,7 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
                 checkpoint.save(ckpt_dir, s["step"], {
                     "config_hash": run_hash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "rng": ranks[0]["rng"], "ranks": ranks, "loop": s,
+                    "best": best,
                 }, cfg["keep_checkpoints"])
             saved = s["step"]
     if bar is not None:
@@ -282,6 +312,10 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         check_replicas_identical(model)
     pad = all_reduce(pad, device)
     shape = all_reduce(shape, device)
+    kept = kept_model(model, best, s["step"]) if keep == "best" else {"kept_step": s["step"], "last_state": None}
+    if tracker:
+        tracker.log_metrics({"kept_step": kept["kept_step"]}, s["step"])
+    estimates = [row[2] for row in s["val_rows"]]
     return {
         "steps": s["step"], "tokens_trained": s["tokens"], "budget_tokens": budget_tokens,
         "train_loss": s["train_rows"][-1][2] if s["train_rows"] else None,
@@ -294,7 +328,24 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
         "gpu": claimed().record() if device.type == "cuda" and claimed() else None,
         "precision": precision, "compile": cfg["compile"], "fused_adamw": uses_fused(device, precision),
         "train_rows": s["train_rows"], "val_rows": s["val_rows"],
+        # The in-loop estimates (train.eval_windows) and which model model.pt holds (train.keep).
+        "eval_windows": eval_windows, "eval_examples": cfg["eval_examples"], "keep": keep,
+        "kept_step": kept["kept_step"],
+        "val_estimate_best": min(estimates) if estimates else None,
+        "val_estimate_best_step": s["val_rows"][estimates.index(min(estimates))][0] if estimates else None,
+        "val_estimate_last": estimates[-1] if estimates else None,
+        "last_state": kept["last_state"],
     }
+
+
+def kept_model(model, best: dict | None, last_step: int) -> dict:
+    """train.keep = best: load the best in-loop estimate's weights into `model`. Returns its step and,
+    when that is not the last step, the last step's weights (the train stage saves both)."""
+    if best is None or best["step"] == last_step:
+        return {"kept_step": last_step, "last_state": None}
+    last_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    model.load_state_dict(best["state"])
+    return {"kept_step": best["step"], "last_state": last_state}
 
 
 def compiled(model, device: torch.device, dynamic: bool, backend="inductor"):

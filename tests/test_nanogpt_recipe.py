@@ -1,0 +1,266 @@
+"""nanoGPT's GPU recipe, like with like: the preset sets every recipe setting, our model in its
+configuration is nanoGPT's in training mode (same weights, same torch seed: same loss and
+gradients, dropout included), GPT-2's initialisation has the stds it should, and the in-loop
+estimate and kept model work as nanoGPT's train.py does (random windows, best kept).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.nanogpt_reference import GPT, GPTShape, copy_weights, lr_at, name_map
+from model import ModelConfig, build_model
+from pipeline.params import load_params, model_config, resolve_variant
+from pipeline.training import trainer
+from pipeline.training.optim import lr_factor, param_groups
+
+PRESET = "presets/nanogpt_shakespeare_char_gpu.yaml"
+# A character vocabulary: 65 characters + pad, unk, bos, eos.
+TOKENIZER = {"vocab_size": 69, "pad_id": 0, "bos_id": 2, "eos_id": 3}
+SMALL = {"d_model": 64, "n_heads": 4, "n_decoder_layers": 2, "d_ff": 256, "max_len": 32}
+
+
+def preset_model(**shape) -> tuple[ModelConfig, dict]:
+    """Our model as the preset configures it (params validation included), at a test shape."""
+    resolved = resolve_variant(load_params(PRESET), "baseline")
+    return model_config({**resolved["model"], **shape}, TOKENIZER, "test"), resolved
+
+
+def reference_for(cfg: ModelConfig) -> GPT:
+    return GPT(GPTShape(vocab_size=cfg.vocab_size, block_size=cfg.max_len, n_layer=cfg.n_decoder_layers,
+                        n_head=cfg.n_heads, n_embd=cfg.d_model, dropout=cfg.dropout))
+
+
+def test_preset_sets_every_recipe_setting():
+    """config/train_shakespeare_char.py and nanoGPT's train.py/model.py defaults, one by one."""
+    cfg, resolved = preset_model()
+    model = {k: getattr(cfg, k) for k in ("arch", "d_model", "n_heads", "n_decoder_layers", "d_ff", "dropout",
+                                          "attention_dropout", "ffn_hidden_dropout", "init", "scale_embeddings",
+                                          "positional", "norm", "norm_position", "ffn", "bias", "tie_output", "max_len")}
+    assert model == {"arch": "decoder_only", "d_model": 384, "n_heads": 6, "n_decoder_layers": 6, "d_ff": 4 * 384,
+                     "dropout": 0.2, "attention_dropout": 0.2, "ffn_hidden_dropout": 0.0, "init": "gpt2",
+                     "scale_embeddings": False, "positional": "learned", "norm": "layernorm", "norm_position": "pre",
+                     "ffn": "gelu", "bias": False, "tie_output": True, "max_len": 256}
+    t = resolved["train"]
+    train = {k: t[k] for k in ("budget_steps", "batch_size", "context", "lm_windows", "grad_accum", "lr", "betas",
+                               "weight_decay", "decay_embeddings", "schedule", "warmup_steps", "min_lr_ratio",
+                               "clip_grad_norm", "precision", "eval_every", "eval_examples", "eval_windows", "keep")}
+    assert train == {"budget_steps": 5000, "batch_size": 64, "context": 256, "lm_windows": "random", "grad_accum": 1,
+                     "lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1, "decay_embeddings": True,
+                     "schedule": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1, "clip_grad_norm": 1.0,
+                     "precision": "bf16", "eval_every": 250, "eval_examples": 200 * 64, "eval_windows": "random",
+                     "keep": "best"}
+    ref = load_params(PRESET).report.reference
+    assert (ref.metric, ref.value, ref.quantity) == ("val_loss", 1.4697, "best_estimate")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_training_mode_loss_and_gradients_equal_nanogpts(seed):
+    """Same weights, same torch seed, training mode: every dropout site draws the same mask in the
+    same order, so the loss and every gradient agree to float32 rounding."""
+    cfg, _ = preset_model(**SMALL)
+    torch.manual_seed(100 + seed)
+    ref = reference_for(cfg).train()
+    ours = build_model(cfg).train()
+    copy_weights(ref, ours)
+    tokens = torch.randint(4, cfg.vocab_size, (6, cfg.max_len + 1), generator=torch.Generator().manual_seed(seed))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    torch.manual_seed(seed)
+    loss_ref = ref(x, y)
+    torch.manual_seed(seed)
+    loss_ours = ours(None, x, y)[1]
+    assert loss_ours.item() == pytest.approx(loss_ref.item(), rel=1e-6, abs=1e-6)
+    loss_ref.backward()
+    loss_ours.backward()
+    theirs = dict(ref.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, theirs[name_map(cfg.n_decoder_layers)[name]].grad, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    # Eval mode too (no dropout): the logits of the whole model.
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        assert ours(None, x, y)[1].item() == pytest.approx(ref(x, y).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("change", [{"ffn_dropout": None}, {"attention_dropout": 0.0}, {"scale_embeddings": True}])
+def test_each_setting_the_preset_fixed_breaks_the_equality(change):
+    """The check has teeth: each old setting (FFN hidden dropout, no attention dropout, scaled
+    embeddings) makes the training-mode loss differ from nanoGPT's."""
+    cfg, _ = preset_model(**SMALL, **change)
+    torch.manual_seed(0)
+    ref = reference_for(cfg).train()
+    ours = build_model(cfg).train()
+    copy_weights(ref, ours)
+    tokens = torch.randint(4, cfg.vocab_size, (6, cfg.max_len + 1), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    loss_ref = ref(tokens[:, :-1], tokens[:, 1:]).item()
+    torch.manual_seed(0)
+    loss_ours = ours(None, tokens[:, :-1], tokens[:, 1:])[1].item()
+    assert abs(loss_ours - loss_ref) > 1e-4
+
+
+def test_gpt2_init_stds_match_the_scheme_and_nanogpts_model():
+    """init gpt2: every linear weight and embedding table std 0.02, residual projections
+    0.02 / sqrt(2 * layers), norms one; nanoGPT's model built the same shape agrees tensor by tensor."""
+    shape = {"d_model": 256, "n_heads": 4, "n_decoder_layers": 4, "d_ff": 1024, "max_len": 256}
+    cfg, _ = preset_model(**shape)
+    cfg = ModelConfig(**{**cfg.__dict__, "vocab_size": 512})
+    torch.manual_seed(0)
+    ours = build_model(cfg)
+    ref = reference_for(cfg)
+    theirs = dict(ref.named_parameters())
+    residual = 0.02 / math.sqrt(2 * cfg.n_decoder_layers)
+    for name, p in ours.named_parameters():
+        if name.endswith("norm.weight"):
+            assert torch.all(p == 1), name
+            continue
+        want = residual if name.endswith(("out_proj.weight", "w_out.weight")) else 0.02
+        assert p.std().item() == pytest.approx(want, rel=0.05), name
+        assert abs(p.mean().item()) < 0.1 * want, name
+        assert theirs[name_map(cfg.n_decoder_layers)[name]].std().item() == pytest.approx(want, rel=0.05), name
+
+
+def test_gpt2_init_counts_cross_attention_as_a_residual_sublayer():
+    """Encoder-decoder: the decoder's three residual writers per layer share 0.02 / sqrt(3 * layers)."""
+    cfg = ModelConfig(vocab_size=512, d_model=256, n_heads=4, n_encoder_layers=2, n_decoder_layers=3, d_ff=1024,
+                      init="gpt2")
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    assert model.encoder.layers[0].ffn.w_out.weight.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.05)
+    for proj in (model.decoder.layers[0].cross_attn.out_proj, model.decoder.layers[0].self_attn.out_proj):
+        assert proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(9), rel=0.05)
+    assert model.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_xavier_init_unchanged_by_the_new_fields():
+    """Defaults (init xavier, ffn_dropout None) build exactly the model they built before: the
+    same weights from the same seed, and FFN hidden dropout = dropout."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64)
+    torch.manual_seed(0)
+    a = build_model(cfg)
+    torch.manual_seed(0)
+    b = build_model(ModelConfig(**{**cfg.__dict__, "init": "xavier", "ffn_dropout": None}))
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), name
+    assert a.decoder.layers[0].ffn.dropout.p == cfg.dropout
+    assert build_model(ModelConfig(**{**cfg.__dict__, "ffn_dropout": 0.0})).decoder.layers[0].ffn.dropout is None
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("init", "he", "ModelConfig.init must be one of ['xavier', 'gpt2'], got 'he'"),
+    ("ffn_dropout", 1.0, "ModelConfig.ffn_dropout must be in [0, 1), got 1.0"),
+    ("ffn_dropout", "0.1", "ModelConfig.ffn_dropout must be float | None, got '0.1' (str)"),
+])
+def test_new_fields_are_validated(field, value, message):
+    with pytest.raises(ValueError) as err:
+        ModelConfig(vocab_size=64, d_model=32, n_heads=2, d_ff=64, **{field: value})
+    assert str(err.value) == message
+
+
+def test_optimizer_and_schedule_follow_nanogpts():
+    """decay_embeddings: true decays exactly nanoGPT's set (every tensor of 2+ dims); the schedule
+    is nanoGPT's cosine but for the warmup's denominator (100 here, 101 there)."""
+    cfg, resolved = preset_model(**SMALL)
+    ours, ref = build_model(cfg), reference_for(cfg)
+    decayed = {id(p) for p in param_groups(ours, 0.1, decay_embeddings=True)[0]["params"]}
+    names = name_map(cfg.n_decoder_layers)
+    theirs = dict(ref.named_parameters())
+    for name, p in ours.named_parameters():
+        assert (id(p) in decayed) == (theirs[names[name]].dim() >= 2), name
+    t = resolved["train"]
+    for step in (100, 101, 1000, 2500, 4999):
+        ours_lr = t["lr"] * lr_factor(step, t["schedule"], t["warmup_steps"], t["budget_steps"], t["min_lr_ratio"])
+        want = lr_at(step, t["lr"], t["warmup_steps"], t["budget_steps"], t["lr"] * t["min_lr_ratio"])
+        assert ours_lr == pytest.approx(want, rel=1e-9), step
+    assert t["lr"] * lr_factor(0, "cosine", 100, 5000, 0.1) == pytest.approx(1e-3 / 100)
+
+
+def lm_data(seed: int = 0, val_len: int = 5000) -> trainer.Data:
+    rng = np.random.default_rng(0)
+    return trainer.Data(task="language_modeling", train=None, val=None, ids={"pad_id": 0, "bos_id": 2, "eos_id": 3},
+                        batch_tokens=0, batch_size=8, context=16, seed=seed,
+                        train_stream=rng.integers(4, 30, 20000), val_stream=rng.integers(4, 30, val_len))
+
+
+def test_random_eval_windows_cover_the_whole_split_and_are_redrawn_per_step():
+    data = lm_data()
+    first = data.val_batches(64, "first")
+    assert np.concatenate(first).max() < 64 * 16  # the split's first windows only
+    draws = [np.concatenate(data.val_batches(3000, "random", step)) for step in (250, 500)]
+    for starts in draws:
+        assert len(starts) == 3000 and starts.min() >= 0 and starts.max() <= 5000 - 16 - 1
+        assert starts.max() > 4500 and starts.min() < 500  # spread over the whole split
+    assert not np.array_equal(draws[0], draws[1])  # new windows at each evaluation
+    np.testing.assert_array_equal(draws[0], np.concatenate(lm_data().val_batches(3000, "random", 250)))
+    assert not np.array_equal(draws[0], np.concatenate(lm_data(seed=1).val_batches(3000, "random", 250)))
+
+
+def test_random_eval_windows_need_a_language_model():
+    data = trainer.Data(task="translation", train=trainer.Split([np.array([5])], [np.array([6])]),
+                        val=trainer.Split([np.array([5])], [np.array([6])]), ids={"pad_id": 0, "bos_id": 2, "eos_id": 3},
+                        batch_tokens=64, batch_size=8, context=16, seed=0)
+    with pytest.raises(ValueError, match="train.eval_windows: random draws language-model windows"):
+        data.val_batches(8, "random", 0)
+
+
+def train_cfg(**over) -> dict:
+    from pipeline.params import TrainParams
+
+    cfg = TrainParams(device="cpu", budget_steps=12, batch_size=8, context=16, lr=3e-2, warmup_steps=0,
+                      eval_every=2, eval_examples=16, log_every=2, checkpoint_every=4, threads=1).model_dump()
+    return {**cfg, **over}
+
+
+def test_keep_best_hands_on_the_best_estimate_and_the_last_weights(tmp_path):
+    """keep best: the returned model holds the weights of the step with the lowest in-loop
+    estimate; the last step's weights come back beside them; the record says which step."""
+    cfg = ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_encoder_layers=0, n_decoder_layers=1, d_ff=64,
+                      max_len=16, arch="decoder_only", dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    # lr 3e-2 on a tiny stream overfits: the estimate's best is before the end.
+    result = trainer.train(model, lm_data(), train_cfg(keep="best", eval_windows="random"), tmp_path / "ck", "h", log=lambda *a: None)
+    estimates = [row[2] for row in result["val_rows"]]
+    best_step = result["val_rows"][int(np.argmin(estimates))][0]
+    assert result["keep"] == "best" and result["kept_step"] == best_step
+    assert result["val_estimate_best"] == min(estimates) and result["val_estimate_last"] == estimates[-1]
+    if best_step != result["steps"]:
+        assert result["last_state"] is not None
+        assert any(not torch.equal(v, model.state_dict()[k]) for k, v in result["last_state"].items())
+    # The kept weights give the best estimate again (same windows: drawn from (seed, step)).
+    data = lm_data()
+    again = trainer.evaluate_loss(model, data, data.val_batches(16, "random", best_step), torch.device("cpu"), False)
+    assert again == pytest.approx(min(estimates), rel=1e-6)
+
+
+def test_keep_last_is_the_default_and_keeps_the_last_step(tmp_path):
+    cfg = ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_encoder_layers=0, n_decoder_layers=1, d_ff=64,
+                      max_len=16, arch="decoder_only", dropout=0.0)
+    torch.manual_seed(0)
+    result = trainer.train(build_model(cfg), lm_data(), train_cfg(), tmp_path / "ck", "h", log=lambda *a: None)
+    assert (result["keep"], result["kept_step"], result["last_state"], result["eval_windows"]) == ("last", 12, None, "first")
+
+
+def test_keep_best_survives_a_resume(tmp_path):
+    """The best so far is in the checkpoint: a run resumed after step 4 keeps the same step as an
+    uninterrupted one."""
+    cfg = ModelConfig(vocab_size=32, d_model=32, n_heads=2, n_encoder_layers=0, n_decoder_layers=1, d_ff=64,
+                      max_len=16, arch="decoder_only", dropout=0.0)
+    torch.manual_seed(0)
+    whole = trainer.train(build_model(cfg), lm_data(), train_cfg(keep="best", eval_windows="random"),
+                          tmp_path / "a", "h", log=lambda *a: None)
+    torch.manual_seed(0)
+    trainer.train(build_model(cfg), lm_data(), train_cfg(keep="best", eval_windows="random", budget_steps=12,
+                                                        checkpoint_every=4),
+                  tmp_path / "b", "h", log=lambda *a: None)
+    # Resume from the step-4 checkpoint of a second run: drop the later ones.
+    for path in sorted((tmp_path / "b").glob("step-*.pt"))[1:]:
+        path.unlink()
+    torch.manual_seed(0)
+    resumed = trainer.train(build_model(cfg), lm_data(), train_cfg(keep="best", eval_windows="random"),
+                            tmp_path / "b", "h", log=lambda *a: None)
+    assert resumed["resumed"] and resumed["kept_step"] == whole["kept_step"]
+    assert resumed["val_estimate_best"] == pytest.approx(whole["val_estimate_best"], rel=1e-6)
