@@ -44,7 +44,9 @@ STUDY, RECIPE = "nanogpt_shakespeare_char", "nanogpt_shakespeare_char_gpu"
 # The recipe comes before the study: its figures are the ones a cut study would cost least.
 LIMITS = {"tests": 70, "bench": 105, "recipe": 200, "study": 125}
 DEADLINE_S = 500
-NANOGPT_VAL_LOSS = 1.4697  # nanoGPT README, train_shakespeare_char on one A100 (a 200-batch estimate)
+# nanoGPT README, train_shakespeare_char on one A100: the best in-loop estimate of one run (every
+# 250 steps, 200 random batches of the validation split), compared with ours measured the same way.
+NANOGPT_VAL_LOSS = 1.4697
 TARGETS = {  # figure: (comparison, threshold), as the GPU issues state them
     "setup_s": ("<=", 30),
     "tests_not_passed": ("<=", 0),
@@ -53,7 +55,7 @@ TARGETS = {  # figure: (comparison, threshold), as the GPU issues state them
     "ours_over_reference_step": ("<=", 0.9),
     "compiled_over_eager_step": ("<=", 0.8),
     "study_wall_s": ("<=", 120),
-    "recipe_val_loss": ("<=", NANOGPT_VAL_LOSS),
+    "recipe_best_estimate": ("<=", NANOGPT_VAL_LOSS),
     "recipe_wall_s": ("<=", 180),
 }
 TAIL_LINES = 25
@@ -224,7 +226,12 @@ def study_figures(out: Path, prefix: str) -> Callable[[str], dict]:
         if (out / "details.json").exists():  # the report's whole summary (metrics.json holds the verdict's keys)
             details = json.loads((out / "details.json").read_text())
             found["val_loss"] = {name: v["val_loss"]["mean"] for name, v in details["variants"].items()}
-            found[f"{prefix}_val_loss"] = found["val_loss"].get("baseline")
+            found[f"{prefix}_val_loss"] = found["val_loss"].get("baseline")  # whole split, the kept model
+            ours = (details.get("reference") or {}).get("ours") or {}
+            if (details.get("reference") or {}).get("quantity") == "best_estimate":
+                found[f"{prefix}_best_estimate"] = ours.get("mean")  # nanoGPT's quantity
+                last = details["reference"].get("ours_whole_split_last_step") or {}
+                found[f"{prefix}_val_loss_last_step"] = last.get("mean")  # whole split, the last step's model
         return found
     return read
 

@@ -54,8 +54,8 @@ from pipeline.reporting.cost import cost_blocks
 from pipeline.reporting.data_tables import data_blocks, download_blocks
 from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, compute_results, unigram_plateau
 from pipeline.reporting.tables import (
-    output_blocks, params_blocks, per_run_blocks, plateau_blocks, reference_blocks, results_blocks, samples_blocks,
-    setup_blocks,
+    output_blocks, params_blocks, per_run_blocks, plateau_blocks, reference_blocks, reference_summary, results_blocks,
+    samples_blocks, setup_blocks,
 )
 from pipeline.reporting.verdict import verdict_blocks
 from pipeline.tracking import tracking_root
@@ -149,6 +149,8 @@ def render_report(
             details["scales"] = sweeps.scale_summary(scaled)
         if knockouts:
             details["knockout"] = knockout_summary(knockouts)
+        if reference:  # the reference beside our same quantity (benchmarks/gpu.py reads it)
+            details["reference"] = reference_summary(results, baseline, reference, runs, seeds)
         (tmp / "details.json").write_text(json.dumps(details, indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
         for item in sorted(tmp.iterdir()):

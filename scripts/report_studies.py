@@ -47,7 +47,12 @@ def study_row(folder: Path, root: Path) -> str:
     if reference and reference["metric"] == "val_loss":
         spread = (f" ± {fmt(reference['ci'])}, n={reference['n']}" if reference.get("ci") is not None
                   else f", sd {fmt(reference['std'])}, n={reference['n']}" if reference.get("std") is not None else "")
-        val_loss += f" (reference {fmt(reference['value'], 6)}{spread})"
+        if reference.get("quantity") == "best_estimate":  # like with like: our best in-loop estimate beside it
+            ours = (metrics.get("reference") or {}).get("ours") or {}
+            val_loss += (f"; best in-loop estimate {fmt(ours['mean']) if ours.get('mean') is not None else '—'} "
+                         f"(reference's, same quantity: {fmt(reference['value'], 6)}{spread})")
+        else:
+            val_loss += f" (reference {fmt(reference['value'], 6)}{spread})"
     plateau = metrics.get("unigram_val_loss")
     mean = (variants[baseline].get("val_loss") or {}).get("mean")
     if plateau is not None and mean is not None:

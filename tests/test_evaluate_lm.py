@@ -180,3 +180,27 @@ def test_every_architecture_evaluates_on_every_task(tiny_shards, lm_shards, tmp_
     # (the rest of each row attends to the source).
     whole = task == "language_modeling" or arch == "encoder_decoder"
     assert np.allclose(self_map.sum(-1), 1, atol=1e-4) if whole else (self_map.sum(-1) < 1 + 1e-4).all()
+
+
+@pytest.mark.parametrize("task", ["language_modeling", "summarization"])
+def test_a_kept_runs_last_step_model_is_scored_on_the_validation_split_too(tiny_shards, lm_shards, tmp_path, task):
+    """train.keep = best writes last.pt beside model.pt: evaluate scores it as it scores model.pt
+    (val_loss_last equals the val_loss of that model evaluated as the kept one)."""
+    from pipeline.training.checkpoint import LAST_MODEL
+
+    if task == "language_modeling":
+        shards, tokenizer = lm_shards / "shards", lm_shards / "tokenizer"
+    else:
+        shards, tokenizer = seq2seq_shards(tiny_shards, task, tmp_path), tiny_shards / "tokenizer"
+    arch = "decoder_only" if task == "language_modeling" else "encoder_decoder"
+    kept, last = make_model(read_manifest(shards), arch, seed=0), make_model(read_manifest(shards), arch, seed=1)
+    run = save_run(kept, tmp_path / "run")
+    torch.save({"model_config": dataclasses.asdict(last.cfg), "state_dict": last.state_dict()}, run / LAST_MODEL)
+    evaluate(shards, tokenizer, run, tmp_path / "eval", CFG, 1024, CONTEXT, 4)
+    both = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    alone = save_run(last, tmp_path / "last")
+    evaluate(shards, tokenizer, alone, tmp_path / "eval_last", CFG, 1024, CONTEXT, 4)
+    last_only = json.loads((tmp_path / "eval_last" / "eval.json").read_text())
+    assert both["val_loss_last"] == pytest.approx(last_only["val_loss"], rel=1e-9)
+    assert both["val_loss"] != pytest.approx(both["val_loss_last"])  # two different models
+    assert "val_loss_last" not in last_only  # only where train kept an earlier step

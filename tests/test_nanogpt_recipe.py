@@ -264,3 +264,49 @@ def test_keep_best_survives_a_resume(tmp_path):
                             tmp_path / "b", "h", log=lambda *a: None)
     assert resumed["resumed"] and resumed["kept_step"] == whole["kept_step"]
     assert resumed["val_estimate_best"] == pytest.approx(whole["val_estimate_best"], rel=1e-6)
+
+
+def reference_runs(keep: str = "best") -> dict:
+    from pipeline.reporting.inputs import Run
+
+    runs = {}
+    for seed, (whole, best, last) in enumerate([(1.50, 1.44, 1.46), (1.52, 1.45, 1.47), (1.51, 1.43, 1.45)]):
+        runs[("baseline", seed)] = Run("baseline", seed, train={"keep": keep, "val_estimate_best": best, "kept_step": 4000},
+                                       eval={"val_loss": whole, "val_loss_last": last})
+    return runs
+
+
+def test_report_sets_a_best_estimate_reference_beside_our_best_estimate_and_shows_the_whole_split():
+    from pipeline.reporting.render import to_markdown
+    from pipeline.reporting.results import compute_results
+    from pipeline.reporting.tables import reference_blocks, reference_summary
+
+    runs = reference_runs()
+    results = compute_results(runs, ["baseline"], [0, 1, 2], "baseline")
+    ref = {"metric": "val_loss", "value": 1.4697, "source": "nanoGPT", "quantity": "best_estimate"}
+    text = to_markdown("t", reference_blocks(results, "baseline", ref, runs, [0, 1, 2]))
+    assert "as best estimate" in text and "baseline, val_estimate_best: 1.44" in text
+    assert "over the whole split (the kept model): 1.51" in text and "not the reference's quantity" in text
+    summary = reference_summary(results, "baseline", ref, runs, [0, 1, 2])
+    assert summary["ours_key"] == "val_estimate_best" and summary["ours"]["mean"] == pytest.approx(1.44)
+    assert summary["ours_whole_split"]["mean"] == pytest.approx(1.51)
+    assert summary["ours_whole_split_last_step"]["mean"] == pytest.approx(1.46)
+    # A whole-split reference (the default) sits beside the whole-split loss, as before.
+    whole = reference_summary(results, "baseline", {**ref, "quantity": "whole_split"}, runs, [0, 1, 2])
+    assert whole["ours_key"] == "val_loss" and whole["ours"]["mean"] == pytest.approx(1.51)
+
+
+def test_a_best_estimate_reference_must_be_a_validation_loss():
+    from pipeline.params import Reference
+
+    with pytest.raises(ValueError, match="quantity best_estimate is an in-loop validation loss: metric must be val_loss"):
+        Reference(metric="bleu", value=30.0, source="x", quantity="best_estimate")
+
+
+def test_per_run_table_says_which_step_was_kept():
+    from pipeline.reporting.render import to_markdown
+    from pipeline.reporting.tables import per_run_blocks
+
+    text = to_markdown("t", per_run_blocks(reference_runs(), ["baseline"], [0, 1, 2], ["val_loss"]))
+    assert "kept step" in text and "| 4,000 |" in text and "val_loss of the last step's model" in text
+    assert "kept step" not in to_markdown("t", per_run_blocks(reference_runs("last"), ["baseline"], [0, 1, 2], ["val_loss"]))

@@ -447,3 +447,25 @@ def test_others_cpu_share_is_the_machines_busy_time_less_this_process():
         pass
     end = cpu_seconds()
     assert start is not None and end[1] - start[1] >= 0.2 and end[0] - start[0] >= 0.15
+
+
+def test_keep_best_writes_the_kept_model_and_the_last_steps_beside_it(tmp_path):
+    """train.keep = best: model.pt holds the best in-loop estimate's weights, last.pt the last
+    step's, and train.json says which step was kept (a high rate on a tiny stream overfits)."""
+    from pipeline.training.checkpoint import LAST_MODEL
+
+    shards = lm_shards(tmp_path / "shards")
+    settings = resolved({"arch": "decoder_only", "dropout": 0.0, "n_decoder_layers": 1},
+                        keep="best", eval_windows="random", budget_tokens=16 * 8 * 40, batch_size=8, context=16,
+                        lr=5e-2, eval_every=4, warmup_steps=0)
+    info = run(shards, "v", 0, settings, "x", tmp_path / "out", tmp_path / "ck")
+    assert (info["keep"], info["eval_windows"]) == ("best", "random")
+    rows = [line.split(",") for line in (tmp_path / "out" / "val_curve.csv").read_text().splitlines()[1:]]
+    best = min(rows, key=lambda r: float(r[2]))
+    assert info["kept_step"] == int(best[0]) and info["val_estimate_best"] == pytest.approx(float(best[2]))
+    written = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert written["kept_step"] == info["kept_step"] and "last_state" not in written
+    kept = torch.load(tmp_path / "out" / "model.pt", weights_only=True)["state_dict"]
+    assert info["kept_step"] < info["steps"]  # this run's best is before its end (seeded: it always is)
+    last = torch.load(tmp_path / "out" / LAST_MODEL, weights_only=True)["state_dict"]
+    assert any(not torch.equal(kept[k], last[k]) for k in kept)

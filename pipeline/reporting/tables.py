@@ -14,8 +14,8 @@ from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_int, fmt_p, f
 from pipeline.reporting.inputs import Run, number, values_by_seed
 from pipeline.reporting.render import Block, Heading, Paragraph, Table
 from pipeline.reporting.results import DEFAULT_PRIMARY, DERIVED, METRIC_NOTES, OUTPUT_METRICS, Results
-from pipeline.reporting.stats import (ALPHA, MAX_SEEDS, POWER, higher_is_better, sd_from_interval, summarize, verdict_for,
-                                      welch)
+from pipeline.reporting.stats import (ALPHA, MAX_SEEDS, POWER, Summary, higher_is_better, sd_from_interval, summarize,
+                                      verdict_for, welch)
 
 DEGENERATE = "⚠"
 COMPONENT_ORDER = ("embeddings", "attention", "ffn", "norms", "other", "total")
@@ -178,6 +178,34 @@ REFERENCE_QUANTITIES = {
 }
 
 
+def reference_quantities(results: Results, baseline: str, reference: Mapping, runs: Mapping | None,
+                         seeds: Sequence[int]) -> tuple[str, Summary | None, Summary | None]:
+    """(our key, the baseline's summary of the reference's quantity, its whole-split summary)."""
+    metric = reference["metric"]
+    record, key, _ = REFERENCE_QUANTITIES[reference.get("quantity") or "whole_split"]
+    whole = results.summaries.get(baseline, {}).get(metric)
+    if record == "eval":
+        return metric, whole, whole
+    values = values_by_seed(runs or {}, baseline, seeds, record, key)
+    return key, (summarize(list(values.values())) if values else None), whole
+
+
+def reference_summary(results: Results, baseline: str, reference: Mapping | None, runs: Mapping | None,
+                      seeds: Sequence[int]) -> dict | None:
+    """details.json's "reference": the value, its quantity, and ours (same quantity, and whole split)."""
+    if not reference:
+        return None
+    key, same, whole = reference_quantities(results, baseline, reference, runs, seeds)
+
+    def plain(s: Summary | None) -> dict | None:
+        return None if s is None else {"n": s.n, "mean": s.mean, "half_width": s.half_width}
+    last = values_by_seed(runs or {}, baseline, seeds, "eval", "val_loss_last")  # train.keep = best only
+    return {"metric": reference["metric"], "value": float(reference["value"]),
+            "quantity": reference.get("quantity") or "whole_split", "ours_key": key, "ours": plain(same),
+            "ours_whole_split": plain(whole),
+            "ours_whole_split_last_step": plain(summarize(list(last.values())) if last else None)}
+
+
 def reference_blocks(results: Results, baseline: str, reference: Mapping | None,
                      runs: Mapping | None = None, seeds: Sequence[int] = ()) -> list[Block]:
     """The baseline against an outside reference value (report.reference), like with like: the
@@ -192,17 +220,12 @@ def reference_blocks(results: Results, baseline: str, reference: Mapping | None,
     ref_sd = std if std is not None else sd_from_interval(ci, ref_n) if ci is not None and ref_n else None
     ref_text = f"{fmt(value)}" + (f" ± {fmt(ci, 2)} (95% t-interval, n={ref_n})" if ci is not None else
                                   f" (sd {fmt(std, 2)}, n={ref_n})" if std is not None else " (no spread given)")
-    record, key, how = REFERENCE_QUANTITIES[quantity]
+    record, _, how = REFERENCE_QUANTITIES[quantity]
     head = f"Reference ({source}): {metric} = {ref_text}, as {quantity.replace('_', ' ')}."
     if reference.get("description"):
         head += f" Measured: {reference['description']}."
     head += f" Ours, the same quantity: {how}."
-    whole = results.summaries.get(baseline, {}).get(metric)
-    if record == "eval":
-        s, ours = whole, metric
-    else:
-        values = values_by_seed(runs or {}, baseline, seeds, record, key)
-        s, ours = (summarize(list(values.values())) if values else None), key
+    ours, s, whole = reference_quantities(results, baseline, reference, runs, seeds)
     if s is None or s.mean is None:
         return [Heading("Reference"), Paragraph(head), Paragraph(f"{ours} of {baseline}: {MISSING} (no run has it).")]
     text = f"{baseline}, {ours}: {fmt_summary(s)}."
