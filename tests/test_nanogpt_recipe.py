@@ -310,3 +310,34 @@ def test_per_run_table_says_which_step_was_kept():
     text = to_markdown("t", per_run_blocks(reference_runs(), ["baseline"], [0, 1, 2], ["val_loss"]))
     assert "kept step" in text and "| 4,000 |" in text and "val_loss of the last step's model" in text
     assert "kept step" not in to_markdown("t", per_run_blocks(reference_runs("last"), ["baseline"], [0, 1, 2], ["val_loss"]))
+
+
+def test_the_cpu_proxy_trains_both_models_on_the_same_windows_and_compares_them(tmp_path, capsys):
+    """benchmarks/nanogpt_proxy.py at a toy size: both models, every quantity, the agreement rule."""
+    import json
+    from pathlib import Path
+
+    from benchmarks import nanogpt_proxy
+
+    text = Path(__file__).parent / "fixtures" / "sources" / "tiny_shakespeare_input.txt"
+    nanogpt_proxy.main(["--text", str(text), "--steps", "6", "--eval-every", "3", "--seeds", "0", "1",
+                        "--d-model", "16", "--heads", "2", "--layers", "1", "--context", "8", "--batch", "4",
+                        "--eval-batches", "2", "--train-chars", "2000", "--warmup", "2", "--out", str(tmp_path / "p.json")])
+    out = json.loads((tmp_path / "p.json").read_text())
+    assert json.loads(capsys.readouterr().out) == out
+    for name in ("ours", "nanogpt"):
+        assert [r["seed"] for r in out["runs"][name]] == [0, 1]
+        for r in out["runs"][name]:
+            assert [step for step, _ in r["curve"]] == [3, 6]
+            assert r["best_estimate"] == min(v for _, v in r["curve"]) and r["last_estimate"] == r["curve"][-1][1]
+    for q in nanogpt_proxy.QUANTITIES:
+        c = out["comparison"][q]
+        assert c["within_spread"] == (abs(c["ours_minus_nanogpt"]) <= c["seed_spread"])
+    assert out["agree"] == all(c["within_spread"] for c in out["comparison"].values())
+
+
+def test_the_cpu_proxy_names_a_missing_text(tmp_path):
+    from benchmarks import nanogpt_proxy
+
+    with pytest.raises(SystemExit, match=r"nanogpt_proxy: .*nope.txt: no such file"):
+        nanogpt_proxy.main(["--text", str(tmp_path / "nope.txt")])
