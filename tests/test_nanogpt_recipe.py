@@ -341,3 +341,30 @@ def test_the_cpu_proxy_names_a_missing_text(tmp_path):
 
     with pytest.raises(SystemExit, match=r"nanogpt_proxy: .*nope.txt: no such file"):
         nanogpt_proxy.main(["--text", str(tmp_path / "nope.txt")])
+
+
+def test_the_new_model_fields_leave_the_plan_and_the_flop_count_alone(tmp_path, capsys):
+    """init and ffn_dropout change no shape: the planner's parameters and FLOPs and the train
+    stage's FLOPs per token are the same with and without them, and init changes nothing else.
+    (Dropout masks are activations autograd keeps: the memory estimate rightly follows them.)"""
+    import json
+
+    import yaml
+
+    from pipeline import plan
+    from pipeline.train import flops_per_target_token
+
+    raw = yaml.safe_load(open(PRESET).read())
+    plans = {}
+    for name, extra in {"xavier": {"init": "xavier"}, "recipe": {},
+                        "old_dropouts": {"ffn_dropout": None, "attention_dropout": 0.0}}.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**raw, "model": {**raw["model"], **extra}}))
+        plan.main(["--params", str(path), "--device", "h100", "--json"])
+        plans[name] = json.loads(capsys.readouterr().out)["rows"]
+    assert plans["xavier"] == plans["recipe"]
+    shape = ("params", "flops_per_token", "tokens_per_run", "steps_per_run")
+    assert [{k: r[k] for k in shape} for r in plans["old_dropouts"]] == [{k: r[k] for k in shape} for r in plans["recipe"]]
+    recipe, _ = preset_model(**SMALL)
+    plain = ModelConfig(**{**recipe.__dict__, "init": "xavier", "ffn_dropout": None, "attention_dropout": 0.0})
+    assert flops_per_target_token(build_model(recipe), recipe, 0, 32) == flops_per_target_token(build_model(plain), plain, 0, 32)
