@@ -3,6 +3,7 @@ a `#anchor` into a markdown page as GitHub makes it), every page is in the READM
 README stays a front door (short, with the two commands CI and users run)."""
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -89,3 +90,23 @@ def test_readme_is_a_front_door():
     # Every docs page is on the README's map
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in LINK.findall(prose(text))}
     assert {p for p in PAGES[1:]} <= linked, sorted(p.name for p in set(PAGES[1:]) - linked)
+
+
+def test_adding_a_switch_is_on_the_map_and_names_real_code():
+    page = ROOT / "docs" / "adding-a-switch.md"
+    text = page.read_text(encoding="utf-8")
+    assert broken_links(page) == []
+    # Reached from the front door and from where the switches are listed
+    assert "docs/adding-a-switch.md" in LINK.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert "adding-a-switch.md" in LINK.findall((ROOT / "docs" / "pipeline-and-params.md").read_text(encoding="utf-8"))
+    # Every file it sends a reader to exists, and every name it cites is in the module it names
+    for path in set(re.findall(r"`((?:model|pipeline|scripts|tests)/[\w/]+\.py)`", text)):
+        assert (ROOT / path).is_file(), path
+    cited = {"model.config": ["ModelConfig", "_CHOICES", "ARCHS"], "model.knockout": ["COUNTERPARTS", "PARTS", "KINDS", "MODES", "ATTENTIONS", "Knock", "plan", "knockout"],
+             "pipeline.params": ["KnockoutParams", "model_fields", "FROM_TOKENIZER"], "pipeline.train": ["flops_per_target_token"],
+             "pipeline.reporting.knockout": ["PART_NAMES", "COUNTERPART_EXTRAS"], "model": ["build_model"]}
+    for module, names in cited.items():
+        for name in names:
+            assert f"`{name}" in text or f"`{module}.{name}" in text or name in text, (module, name)
+            assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+
