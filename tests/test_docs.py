@@ -3,11 +3,14 @@ a `#anchor` into a markdown page as GitHub makes it), every page is in the READM
 README stays a front door (short, with the two commands CI and users run)."""
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.tiny_project import ROOT
 
@@ -110,3 +113,24 @@ def test_adding_a_switch_is_on_the_map_and_names_real_code():
             assert f"`{name}" in text or f"`{module}.{name}" in text or name in text, (module, name)
             assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
 
+
+def test_the_readme_mlflow_picture_is_of_the_committed_default_studys_runs():
+    # tests/test_screenshots.py takes it from the store `bash run.sh` leaves and writes this record
+    # beside it; here, without a browser, the record is held to the committed report and params.
+    from PIL import Image
+
+    from pipeline.reporting.mlflow_view import VIEW_QUERY
+
+    picture = ROOT / "docs" / "img" / "mlflow-compare-variants.png"
+    record = json.loads(picture.with_suffix(".json").read_text())
+    assert hashlib.sha256(picture.read_bytes()).hexdigest() == record["png_sha256"], \
+        "the picture is not the one the browser test took: retake it (tests/test_screenshots.py's docstring)"
+    with Image.open(picture) as im:
+        assert list(im.size) == record["window"] == [1280, 900]
+    assert record["url"].endswith(VIEW_QUERY) and "workflowType=machine_learning" in record["url"]
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert record["runs"] == sorted(f"{v}-{s}" for v in params["ablations"] for s in params["seeds"])
+    report = json.loads((ROOT / "reports" / "metrics.json").read_text())
+    assert report["primary_metric"] == "val_loss"  # so each variant's "mean" is its mean val_loss
+    assert record["val_loss_mean"] == {v: pytest.approx(report[v]["mean"], rel=1e-9) for v in params["ablations"]}, \
+        "the picture's runs are not the committed report's: retake it after `bash run.sh`"
