@@ -4,6 +4,7 @@ model/knockout.py the knock-out parts and counterparts. Where another file must 
 so adding a value in the owner fails this file until every copy follows (docs/adding-a-switch.md)."""
 from __future__ import annotations
 
+import ast
 import re
 import typing
 
@@ -36,7 +37,7 @@ def test_a_new_field_makes_the_switch_table_stale(tmp_path):
 
 def test_every_config_comment_that_lists_values_lists_exactly_the_choices():
     source = (ROOT / model_switches.SOURCE).read_text()
-    named = model_switches.choices(__import__("ast").parse(source))
+    named = model_switches.choices(ast.parse(source))
     assert named == model_config._CHOICES  # the script reads what the dataclass validates against
     listed = {f["name"]: model_switches.listed_choices(f["comment"]) for f in model_switches.fields(source)}
     for name, values in listed.items():
@@ -99,3 +100,13 @@ def test_the_copy_finder_finds_a_copy():
     assert spelled(model_config.ARCHS).search('ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")')
     assert spelled(model_config.ARCHS).search("['encoder_decoder', 'decoder_only', 'prefix_lm']")
     assert not spelled(model_config.ARCHS).search('["encoder_decoder", "decoder_only"]')
+
+
+def test_the_knockout_docs_name_every_part_mode_attention_and_counterpart():
+    text = (ROOT / "docs" / "fair-comparisons-and-knockouts.md").read_text(encoding="utf-8")
+    yaml_lines = {line.split(":")[0].strip(): line for line in text.splitlines() if line.startswith("  ")}
+    assert f"[{', '.join(model_knockout.PARTS)}]" in yaml_lines["parts"]
+    assert f"[{', '.join(model_knockout.MODES)}]" in yaml_lines["modes"]
+    assert f"[{', '.join(model_knockout.ATTENTIONS)}]" in yaml_lines["attentions"]
+    for field, value in model_knockout.COUNTERPARTS.values():  # the switch each counterpart matches, as YAML
+        assert f"`{field}: {str(value).lower() if isinstance(value, bool) else value}`" in text, field
