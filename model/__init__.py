@@ -1,14 +1,13 @@
 """Hand-built Transformer (pure torch): the paper's encoder-decoder and its ablations.
 
 Design: one validated `ModelConfig`; `build_model` is the only place config meets classes.
+Every switch and its values are written down once, in model/config.py (the table in
+docs/pipeline-and-params.md is generated from it; docs/adding-a-switch.md adds one).
 Attention is written out by hand (`attention.scaled_dot_product_attention`) next to PyTorch's
 fused kernel, chosen once per module (`attention_impl`); heads run batched with fused q/k/v
-projections. Residual/norm placement lives in one wrapper (`layers.Sublayer`). Positions:
-sinusoidal, learned, RoPE, T5 relative bias or none. Architectures: encoder_decoder,
-decoder_only (source + bos + target as one sequence, loss on the target) and prefix_lm.
-Decoding (greedy / beam / sampling) runs on a KV cache, tested against full recomputation.
-Dropout sits where the paper puts it (embeddings, sublayer outputs) plus the FFN hidden layer;
-attention-weight dropout is a separate knob, off by default (the paper has none).
+projections. Residual/norm placement lives in one wrapper (`layers.Sublayer`). Decoder-only archs
+run source + bos + target as one sequence, loss on the target. Decoding (greedy / beam / sampling)
+runs on a KV cache, tested against full recomputation.
 """
 from __future__ import annotations
 

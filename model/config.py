@@ -71,11 +71,10 @@ class ModelConfig:
     tie_output: bool = True  # output projection reuses the (target) token embedding
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model), as in the paper
     bias: bool = True  # biases in linear layers and LayerNorm (False: slightly fewer params)
-    # Initial weights. xavier: Xavier-uniform linear layers (nn.Transformer), token tables N(0, 1/d_model)
-    # to go with the sqrt(d_model) scale. gpt2: every linear weight and embedding table N(0, 0.02),
-    # the projections that write into the residual stream N(0, 0.02 / sqrt(residual sublayers of
-    # their stack)) (GPT-2, nanoGPT: 0.02 / sqrt(2 * layers) for a decoder-only model).
-    init: str = "xavier"
+    # xavier (Xavier-uniform linear layers as nn.Transformer, token tables std d_model^-0.5) | gpt2
+    # (GPT-2 and nanoGPT: weights and tables std 0.02, the projections writing into the residual
+    # stream std 0.02 / sqrt of their stack's residual sublayers, 2 a layer or 3 with cross-attention)
+    init: str = "xavier"  # the initial weights
     pad_id: int = 0
     bos_id: int = 2  # starts tgt_in; also the source/target separator in decoder-only archs
     eos_id: int = 3  # generation stops here

@@ -242,6 +242,9 @@ class ReportParams(Section):
 
 class KnockoutParams(Section):
     """Parts knocked out of the trained baseline at evaluation time (stage `knockout`, model.knockout)."""
+    # modes, parts and attentions spell out model.knockout's MODES, PARTS and ATTENTIONS: params.py
+    # imports no model code (stages that never build a model would then depend on model/), so
+    # tests/test_one_place.py checks the two stay equal.
     # Whose trained report.baseline run parts are knocked out of (no retraining): `all`, every seed
     # of `seeds`; a list, those of its seeds that are trained; [], none (off). dvc.yaml lays out one
     # `knockout@<seed>` stage per entry of `seeds`, so editing `seeds` never means editing this too.

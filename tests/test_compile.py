@@ -18,6 +18,7 @@ from torch._dynamo.testing import CompileCounter
 from torch.fx.experimental.symbolic_shapes import guard_or_false, sym_and
 
 from model import ModelConfig, build_model
+from model.config import ARCHS
 from pipeline.training.batching import ATTENTION_ALIGN, pad_for_compile
 from pipeline.training.trainer import compiled
 
@@ -70,7 +71,7 @@ def model(arch: str) -> torch.nn.Module:
                                    d_ff=32, dropout=0.0, max_len=64, arch=arch, pad_id=PAD))
 
 
-@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only", "prefix_lm"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_the_training_step_compiles_once_over_many_batch_shapes(arch):
     torch._dynamo.reset()
     net, counter = model(arch), CompileCounter()
@@ -120,7 +121,7 @@ def test_padding_to_a_multiple_stops_at_max_len():
     assert (src[:, 9:] == PAD).all() and (tgt_in[:, 61:] == PAD).all() and (tgt_out[:, 61:] == PAD).all()
 
 
-@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only", "prefix_lm"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_the_padding_changes_neither_the_loss_nor_the_gradients(arch):
     gen = torch.Generator().manual_seed(1)
     for shape in [(1, 9, 5), (3, 1, 7), (2, 5, 1), (1, 1, 1)]:

@@ -3,10 +3,14 @@ a `#anchor` into a markdown page as GitHub makes it), every page is in the READM
 README stays a front door (short, with the two commands CI and users run)."""
 from __future__ import annotations
 
+import hashlib
+import importlib
+import json
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.tiny_project import ROOT
 
@@ -89,3 +93,44 @@ def test_readme_is_a_front_door():
     # Every docs page is on the README's map
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in LINK.findall(prose(text))}
     assert {p for p in PAGES[1:]} <= linked, sorted(p.name for p in set(PAGES[1:]) - linked)
+
+
+def test_adding_a_switch_is_on_the_map_and_names_real_code():
+    page = ROOT / "docs" / "adding-a-switch.md"
+    text = page.read_text(encoding="utf-8")
+    assert broken_links(page) == []
+    # Reached from the front door and from where the switches are listed
+    assert "docs/adding-a-switch.md" in LINK.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert "adding-a-switch.md" in LINK.findall((ROOT / "docs" / "pipeline-and-params.md").read_text(encoding="utf-8"))
+    # Every file it sends a reader to exists, and every name it cites is in the module it names
+    for path in set(re.findall(r"`((?:model|pipeline|scripts|tests)/[\w/]+\.py)`", text)):
+        assert (ROOT / path).is_file(), path
+    cited = {"model.config": ["ModelConfig", "_CHOICES", "ARCHS"], "model.knockout": ["COUNTERPARTS", "PARTS", "KINDS", "MODES", "ATTENTIONS", "Knock", "plan", "knockout"],
+             "pipeline.params": ["KnockoutParams", "model_fields", "FROM_TOKENIZER"], "pipeline.train": ["flops_per_target_token"],
+             "pipeline.reporting.knockout": ["PART_NAMES", "COUNTERPART_EXTRAS"], "model": ["build_model"]}
+    for module, names in cited.items():
+        for name in names:
+            assert f"`{name}" in text or f"`{module}.{name}" in text or name in text, (module, name)
+            assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+
+
+def test_the_readme_mlflow_picture_is_of_the_committed_default_studys_runs():
+    # tests/test_screenshots.py takes it from the store `bash run.sh` leaves and writes this record
+    # beside it; here, without a browser, the record is held to the committed report and params.
+    from PIL import Image
+
+    from pipeline.reporting.mlflow_view import VIEW_QUERY
+
+    picture = ROOT / "docs" / "img" / "mlflow-compare-variants.png"
+    record = json.loads(picture.with_suffix(".json").read_text())
+    assert hashlib.sha256(picture.read_bytes()).hexdigest() == record["png_sha256"], \
+        "the picture is not the one the browser test took: retake it (tests/test_screenshots.py's docstring)"
+    with Image.open(picture) as im:
+        assert list(im.size) == record["window"] == [1280, 900]
+    assert record["url"].endswith(VIEW_QUERY) and "workflowType=machine_learning" in record["url"]
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert record["runs"] == sorted(f"{v}-{s}" for v in params["ablations"] for s in params["seeds"])
+    report = json.loads((ROOT / "reports" / "metrics.json").read_text())
+    assert report["primary_metric"] == "val_loss"  # so each variant's "mean" is its mean val_loss
+    assert record["val_loss_mean"] == {v: pytest.approx(report[v]["mean"], rel=1e-9) for v in params["ablations"]}, \
+        "the picture's runs are not the committed report's: retake it after `bash run.sh`"

@@ -60,10 +60,13 @@ def resolve_list(ref: str, params: dict) -> list:
     return list(node)
 
 
-def predicted_columns(params: dict, dvc_yaml: dict, metrics: dict) -> int:
+def predicted_columns(params: dict, dvc_yaml: dict, metrics: dict, committed: dict | None = None) -> int:
     """The columns of `dvc exp show --csv` for a run project: DVC's own, every params.yaml value,
-    every stage dep and every metric (tests/test_dvc_compare.py checks it against DVC itself)."""
-    return len(META) + len(flat(params)) + len(stage_deps(dvc_yaml, params)) + len(flat(metrics))
+    every stage dep and every metric (tests/test_dvc_compare.py checks it against DVC itself).
+    DVC shows the committed revision (HEAD) beside the workspace, so a metric key in either file
+    is a column: `committed` is HEAD's metrics.json where it differs from the workspace's."""
+    keys = set(flat(metrics)) | set(flat(committed or {}))
+    return len(META) + len(flat(params)) + len(stage_deps(dvc_yaml, params)) + len(keys)
 
 
 def default_metrics(params: dict) -> dict:
@@ -111,6 +114,23 @@ def test_the_default_project_compares_in_at_most_150_columns():
     assert 25 + sum(len(k) + 3 for k in kept) <= 120
 
 
+def test_the_committed_default_report_has_the_layout_the_report_stage_writes():
+    # A fresh clone's `bash run.sh` writes today's layout; DVC then shows HEAD's keys beside it, so a
+    # committed report in an older layout doubles the columns (679 once, with 603 stale keys).
+    # Regenerate it with `bash run.sh` whenever the report stage's layout changes.
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    committed = json.loads((ROOT / "reports" / "metrics.json").read_text())
+    assert sorted(flat(committed, nulls=True)) == sorted(flat(default_metrics(params), nulls=True)), \
+        "reports/metrics.json is not in the report stage's layout: rerun `bash run.sh` and commit reports/"
+
+
+def test_a_fresh_clone_after_bash_run_sh_compares_in_at_most_150_columns():
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    dvc_yaml = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    committed = json.loads((ROOT / "reports" / "metrics.json").read_text())
+    assert predicted_columns(params, dvc_yaml, default_metrics(params), committed) <= MAX_COLUMNS
+
+
 @pytest.mark.slow
 def test_dvc_exp_show_has_the_predicted_columns(tiny_repo, tmp_path):
     project = tmp_path / "p"
@@ -125,3 +145,23 @@ def test_dvc_exp_show_has_the_predicted_columns(tiny_repo, tmp_path):
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("|")]
     assert rows[0] == ["Experiment", "no_positional.delta"] and max(len(line) for line in table.splitlines()) <= 120
     assert float(rows[2][1]) == pytest.approx(metrics["no_positional"]["delta"], rel=1e-3)  # the workspace row
+
+
+@pytest.mark.slow
+def test_dvc_exp_show_adds_the_committed_reports_stale_keys(tiny_repo, tmp_path):
+    # What a fresh clone met: HEAD's metrics.json in an older layout beside the workspace's new one.
+    project = tmp_path / "p"
+    env = copy_project(tiny_repo, project)
+    path = project / "reports" / "metrics.json"
+    today = path.read_text()
+    old = json.loads(today)
+    old["no_positional"]["val_loss"] = {"p50": 1.0, "detectable_delta": 0.1}  # keys no report writes now
+    path.write_text(json.dumps(old))
+    sh(["git", "commit", "-qam", "a report in an older layout"], project, env)
+    path.write_text(today)
+    header = next(csv.reader(io.StringIO(sh(["dvc", "exp", "show", "--csv"], project, env).stdout)))
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    dvc_yaml = yaml.safe_load((project / "dvc.yaml").read_text())
+    assert len(header) == predicted_columns(params, dvc_yaml, json.loads(today), old) \
+        == predicted_columns(params, dvc_yaml, json.loads(today)) + 2
+    assert {"no_positional.val_loss.p50", "no_positional.val_loss.detectable_delta"} <= set(header)

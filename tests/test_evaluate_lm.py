@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from model import ModelConfig, build_model
+from model.config import ARCHS
 from pipeline.encode import encode
 from pipeline.evaluate import continue_prompts, evaluate, lm_nats, lm_stream, pick_next
 from pipeline.params import EvaluateParams, TrainBpeParams
@@ -154,7 +155,7 @@ def seq2seq_shards(tiny_shards: Path, task: str, tmp_path: Path) -> Path:
 TASK_METRICS = {"summarization": ("rouge1", "rouge2", "rougeL"), "translation": ("bleu", "chrf"),
                 "language_modeling": ("bits_per_char", "bits_per_byte")}
 # An encoder-decoder needs a source, which language modelling does not have.
-CASES = [(task, arch) for task in TASK_METRICS for arch in ("encoder_decoder", "decoder_only", "prefix_lm")
+CASES = [(task, arch) for task in TASK_METRICS for arch in ARCHS
          if not (task == "language_modeling" and arch == "encoder_decoder")]
 
 

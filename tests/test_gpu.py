@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from model import ModelConfig, build_model
+from model.config import ARCHS
 from model.generate import _greedy_pick, decode_loop
 from tests.test_trainer import resolved
 
@@ -22,7 +23,7 @@ def no_mlflow(monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_TRACKING", "0")
 
 
-@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only", "prefix_lm"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_manual_and_sdpa_agree_in_bf16_on_cuda(arch):
     torch.manual_seed(0)
     cfg = dict(vocab_size=50, d_model=64, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=128,

@@ -6,11 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from model import ModelConfig, build_model
+from model.config import ARCHS, ATTENTION_IMPLS, POSITIONALS
 from model.attention import MultiHeadAttention, combine_masks, scaled_dot_product_attention
 
 
-ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")
-POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
 
 
 def _qkv(b=2, h=3, lq=5, lk=7, d=4, seed=0):
@@ -46,7 +45,7 @@ def test_combine_masks_keeps_plain_causal_as_flag_and_aligns_cached_queries():
 @pytest.mark.parametrize("cross", [False, True])
 def test_mha_manual_equals_sdpa_forward_and_backward(n_heads, cross):
     torch.manual_seed(0)
-    mods = {impl: MultiHeadAttention(8, n_heads, 0.0, True, impl, cross=cross).double() for impl in ("manual", "sdpa")}
+    mods = {impl: MultiHeadAttention(8, n_heads, 0.0, True, impl, cross=cross).double() for impl in ATTENTION_IMPLS}
     mods["sdpa"].load_state_dict(mods["manual"].state_dict())
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     mem = torch.randn(2, 6, 8, dtype=torch.float64) if cross else None

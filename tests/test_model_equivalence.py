@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from model import ModelConfig, build_model
+from model.config import ATTENTION_IMPLS
 from model.attention import MultiHeadAttention
 from model.layers import AttentionInputs, Layer
 
@@ -17,7 +18,7 @@ D, H, FF = 16, 4, 32
 TOL = dict(atol=1e-10, rtol=1e-10)  # float64; the brief asks for 1e-5
 TOLS = {torch.float64: TOL, torch.float32: dict(atol=1e-5, rtol=1e-5)}
 DTYPES = pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-IMPLS = pytest.mark.parametrize("impl", ["manual", "sdpa"])
+IMPLS = pytest.mark.parametrize("impl", ATTENTION_IMPLS)
 
 
 def _cfg(**kw) -> ModelConfig:

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from model import ModelConfig, build_model
+from model.config import ARCHS, NORM_POSITIONS, POSITIONALS
 from model.generate import decode_loop, _greedy_pick
 from model.transformer import DecodeState, TransformerBase
 
 
-ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")
-POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
 V, PAD, BOS, EOS = 31, 0, 2, 3
 
 
@@ -33,7 +32,7 @@ def _src():
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("positional", POSITIONALS)
-@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("norm_position", NORM_POSITIONS)
 def test_kv_cache_equals_full_recomputation(arch, positional, norm_position):
     model = _model(arch, positional, norm_position=norm_position).eval()
     src = _src()

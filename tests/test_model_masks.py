@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from model import ModelConfig, build_model
+from model.config import ARCHS, ATTENTION_IMPLS, NORM_POSITIONS, POSITIONALS
 
 
-ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")
-POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
 V, PAD, BOS = 29, 0, 2
 
 
@@ -26,7 +25,7 @@ def _tokens(shape, seed):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("positional", POSITIONALS)
-@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("norm_position", NORM_POSITIONS)
 def test_future_targets_never_change_earlier_logits(arch, positional, norm_position):
     model = _model(arch, positional, norm_position=norm_position)
     src = _tokens((2, 6), 0)
@@ -44,7 +43,7 @@ def test_future_targets_never_change_earlier_logits(arch, positional, norm_posit
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("positional", POSITIONALS)
-@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+@pytest.mark.parametrize("impl", ATTENTION_IMPLS)
 def test_padded_batch_equals_each_row_alone(arch, positional, impl):
     model = _model(arch, positional, attention_impl=impl)
     src_lens, tgt_lens = [6, 3, 1], [5, 2, 4]

@@ -13,6 +13,7 @@ import torch
 
 from benchmarks.nanogpt_reference import GPT, GPTShape, copy_weights, lr_at, name_map
 from model import ModelConfig, build_model
+from model.config import INITS
 from pipeline.params import load_params, model_config, resolve_variant
 from pipeline.training import trainer
 from pipeline.training.optim import lr_factor, param_groups
@@ -150,7 +151,7 @@ def test_xavier_init_unchanged_by_the_new_fields():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("init", "he", "ModelConfig.init must be one of ['xavier', 'gpt2'], got 'he'"),
+    ("init", "he", f"ModelConfig.init must be one of {list(INITS)}, got 'he'"),
     ("ffn_dropout", 1.0, "ModelConfig.ffn_dropout must be in [0, 1), got 1.0"),
     ("ffn_dropout", "0.1", "ModelConfig.ffn_dropout must be float | None, got '0.1' (str)"),
 ])

@@ -5,14 +5,22 @@ fresh browser profile, so nothing the MLflow UI remembers between visits (chosen
 the workflow switch) changes what is seen: this is the page a first-time user gets.
 
 The README's two pictures are these tests' screenshots: with ABLATION_LAB_SCREENSHOTS=docs/img the
-tests also copy them there (report-first-screen.png: the committed default report;
-mlflow-compare-variants.png: the saved comparison view on the fixture runs), so they are remade,
-not drawn by hand:
+tests also copy them there, so they are remade, not drawn by hand:
+- report-first-screen.png: the committed default report (reports/report.html);
+- mlflow-compare-variants.png: the saved view "Compare variants" on the default study's own runs,
+  the MLflow store `bash run.sh` leaves in the repository (mlflow.db), as a user who opened the
+  link the report stage prints and closed MLflow's Assistant panel sees it. Its provenance
+  (the runs, their mean val_loss, the picture's hash) goes to mlflow-compare-variants.json, which
+  tests/test_docs.py checks against the committed report on every run, browser or not.
 
-    ABLATION_LAB_SCREENSHOTS=docs/img bash run.sh test tests/test_screenshots.py
+    bash run.sh && ABLATION_LAB_SCREENSHOTS=docs/img bash run.sh test tests/test_screenshots.py
+
+That test skips where mlflow.db does not hold the committed report's runs (a fresh clone before
+`bash run.sh`, or after a study of other params): the CI suite does not run the study twice.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -27,11 +35,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 from PIL import Image
 
-from pipeline.report import render_report
+from pipeline.report import DEFAULT_EXPERIMENT, render_report
 from pipeline.reporting.mlflow_mirror import RunData, RunFiles, mirror_runs
-from pipeline.reporting.mlflow_view import VIEW_ID, VIEW_NAME
+from pipeline.reporting.mlflow_view import CURRENT_RUNS, VIEW_ID, VIEW_NAME, VIEW_QUERY
+from tests.cdp import Browser
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
 from tests.tiny_project import ROOT
 
@@ -146,7 +156,6 @@ def test_mlflow_runs_page_shows_every_run_its_training_time_and_its_data(tmp_pat
     (tmp_path / "mlflow_view.html").write_text(view_dom)  # kept beside the screenshots, to read on a failure
     assert_screenshot(png)
     assert_screenshot(view_png)
-    keep(view_png, "mlflow-compare-variants.png")
     # Each training run is a row of its own: as children of the report run, the table would show
     # only a collapsed `report` row, and none of these names.
     texts = {t.strip() for t in re.findall(r">([^<>]+)<", dom)}
@@ -161,6 +170,82 @@ def test_mlflow_runs_page_shows_every_run_its_training_time_and_its_data(tmp_pat
     assert {f"Group: {v}" for v in VARIANTS} <= view_texts, sorted(view_texts)[:80]
     headers = {c: int(i) for i, c in re.findall(r'role="columnheader"[^>]*aria-colindex="(\d+)" col-id="([^"]+)"', view_dom)}
     assert headers["metrics.`val_loss`"] < headers["metrics.`rougeL`"] < headers["attributes.`Dataset`"], headers
+
+
+# The default study's store, where `bash run.sh` leaves it, and the README picture taken from it.
+STUDY_STORE = ROOT / "mlflow.db"
+VIEW_PICTURE, VIEW_PROVENANCE = "mlflow-compare-variants.png", "mlflow-compare-variants.json"
+# Run before MLflow's own scripts: the browser storage of a user who has been here once and closed
+# the Assistant panel, which MLflow 3.17 opens by itself on a first visit to a local server (its
+# useLocalStorage hook keeps each setting as `<key>_v<version>`, JSON-encoded).
+RETURNING_USER = ("localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');"
+                  "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');")
+
+
+def study_runs(db: Path) -> tuple[str, dict[str, float], list[str]]:
+    """(experiment id, variant -> mean val_loss, run names) of the current runs in the store `db`,
+    as the saved view selects them."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name(DEFAULT_EXPERIMENT)
+    if experiment is None:
+        return "", {}, []
+    runs = client.search_runs([experiment.experiment_id], CURRENT_RUNS, max_results=10_000)
+    losses: dict[str, list[float]] = {}
+    for run in runs:
+        losses.setdefault(run.data.tags.get("variant", ""), []).append(run.data.metrics.get("val_loss", float("nan")))
+    means = {variant: sum(values) / len(values) for variant, values in losses.items()}
+    return experiment.experiment_id, means, sorted(run.info.run_name for run in runs)
+
+
+@pytest.mark.slow
+def test_the_default_studys_runs_in_the_saved_view_as_the_readme_shows_them(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    report = json.loads((ROOT / "reports" / "metrics.json").read_text())
+    variants, seeds = list(params["ablations"]), params["seeds"]
+    db = tmp_path / "mlflow.db"
+    if STUDY_STORE.exists():
+        shutil.copyfile(STUDY_STORE, db)  # the server may upgrade a store's schema: never the user's own
+    exp_id, means, names = study_runs(db) if db.exists() else ("", {}, [])
+    # The picture must show the runs the committed report summarizes: the same runs, the same means.
+    if names != sorted(f"{v}-{s}" for v in variants for s in seeds) or \
+            any(means.get(v) != pytest.approx(report[v]["mean"], rel=1e-9) for v in variants):
+        why = f"{STUDY_STORE} does not hold the runs of reports/metrics.json: run `bash run.sh` first"
+        pytest.fail(why) if KEEP else pytest.skip(why)
+
+    png = tmp_path / VIEW_PICTURE
+    query = f"#/experiments/{exp_id}/runs?{VIEW_QUERY}"  # the link the report stage prints
+    groups = [f"Group: {v}" for v in variants]
+    shown = f"(() => {{ const t = document.body ? document.body.innerText : ''; " \
+            f"return t.includes('val_loss') && {json.dumps(groups)}.every(g => t.includes(g)); }})()"
+    profile = tmp_path / "profile"
+    with mlflow_server(db, tmp_path / "mlflow-server.log") as base, \
+            Browser(BROWSER, str(profile), WIDTH, HEIGHT) as page:
+        page.add_init_script(RETURNING_USER)
+        page.goto(f"{base}/{query}")
+        page.wait_for(shown, timeout=120, settle=2.0)
+        png.write_bytes(page.screenshot())
+        text = page.evaluate("document.body.innerText")
+    assert_screenshot(png)
+    assert all(g in text for g in groups) and "val_loss" in text
+    # Model-training mode: the side bar lists runs and models, not the GenAI pages (judges, sessions, playground) ...
+    assert {"Runs", "Models"} <= set(text.split("\n")), text[:600]
+    assert not {"Judges", "Sessions", "Playground"} & set(text.split("\n")), text[:600]
+    # ... and the Assistant panel is closed (its button may stay, its chat box does not)
+    assert "Ask a question" not in text and "Ask questions about your experiments" not in text
+    if KEEP:
+        keep(png, VIEW_PICTURE)
+        provenance = {
+            "taken_by": "tests/test_screenshots.py::test_the_default_studys_runs_in_the_saved_view_as_the_readme_shows_them",
+            "store": "mlflow.db after `bash run.sh` (the default study, params.yaml)",
+            "url": query, "window": [WIDTH, HEIGHT],
+            "mlflow": mlflow.__version__,
+            "runs": names, "val_loss_mean": means,
+            "png_sha256": hashlib.sha256(png.read_bytes()).hexdigest(),
+        }
+        (ROOT / KEEP / VIEW_PROVENANCE).write_text(json.dumps(provenance, indent=1) + "\n")
 
 
 # Added before </body>: the page's layout width against the window's, and where the verdict and the

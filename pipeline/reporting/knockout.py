@@ -28,6 +28,8 @@ from pipeline.reporting.results import MAIN_METRIC_PRIORITY
 
 DPI = 110
 ATTENTION_TYPES = ("encoder.self", "decoder.self", "decoder.cross")
+# Keyed by model.knockout.COUNTERPARTS' names and switches (the report imports no model code, so
+# that its stage does not rerun on every model edit): tests/test_one_place.py checks they match.
 # Other model keys a train-time ablation may set and still be a counterpart: "no positional
 # encoding" with an added relative bias removes that too (the tiny_shakespeare presets).
 COUNTERPART_EXTRAS = {"positional": {"relative_bias": False}}

@@ -33,7 +33,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.reporting.mlflow_view import save_comparison_view
+from pipeline.reporting.mlflow_view import VIEW_QUERY, save_comparison_view
 from pipeline.tracking import (dvc_experiment, experiment_id, flatten, open_client, problem, store_lock,
                                tracking_enabled, tracking_uri)
 
@@ -182,10 +182,10 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str, data: RunDa
             client.set_tag(run_id, REPORT_TAG, report_id)
         nest_history(client, known, {**current, "report": report_id})
         client.set_terminated(report_id)
-        view = save_comparison_view(client, exp_id, columns)
+        save_comparison_view(client, exp_id, columns)
         log.info("report: MLflow experiment %r: the report run and %d training runs; the comparison view: "
-                 "`mlflow ui`, then #/experiments/%s/runs?viewStateShareKey=%s", experiment, len(current),
-                 exp_id, view)
+                 "`mlflow ui`, then #/experiments/%s/runs?%s", experiment, len(current),
+                 exp_id, VIEW_QUERY)
     except Exception as exc:  # noqa: BLE001
         log.warning("report: MLflow report run not completed (%s)", problem(exc))
         return None

@@ -17,6 +17,10 @@ import time
 VIEW_ID = "ablation-lab-compare"
 VIEW_NAME = "Compare variants"
 TAG_PREFIX = "mlflow.sharedViewState."
+# The runs page's query that opens the view. MLflow 3.17 starts in its GenAI workflow (traces,
+# judges, prompts in the side bar) unless told otherwise; these runs are model training, so the link
+# says so (`workflowType` is the URL form of the side bar's "Model training" switch).
+VIEW_QUERY = f"viewStateShareKey={VIEW_ID}&workflowType=machine_learning"
 # The current version of each variant x seed of the main study: not the report run, not an earlier
 # version of a run (folded under the current one, but grouping would average it in), not a sweep point.
 CURRENT_RUNS = "tags.stage = 'train' AND tags.mlflow.parentRunId IS NULL AND tags.point IS NULL"
