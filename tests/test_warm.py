@@ -368,3 +368,17 @@ def test_on_a_gpu_a_stage_forked_from_the_warm_imports_can_use_cuda():
     code = ("import sys; from pipeline.grid import warm; warm._warm_imports(); "
             "sys.exit(0 if warm._cuda_in_a_fork() else 1)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
+
+
+def test_warm_starts_are_off_by_default_on_a_gpu_machine(monkeypatch):
+    """On the H200 warm starts paid nothing (75 s warm, 72 s cold): a GPU machine runs cold
+    unless --warm; a CPU machine warm unless --cold; shell stages are never served."""
+    from pipeline.grid.__main__ import warm_wanted
+
+    ours = "cmd: python -m pipeline.train --seed 0"
+    monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
+    assert not warm_wanted(False, False, ours) and warm_wanted(False, True, ours)
+    monkeypatch.delenv("ABLATION_LAB_GPU_COUNT")
+    monkeypatch.setattr("pipeline.grid.__main__.gpu_machine", lambda: False)
+    assert warm_wanted(False, False, ours) and not warm_wanted(True, False, ours)
+    assert not warm_wanted(False, True, "cmd: sh check.sh")
