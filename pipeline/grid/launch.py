@@ -110,8 +110,9 @@ class Launcher:
         env = dict(os.environ)
         if threads and self.threads_env and self.threads_env not in os.environ:
             env[self.threads_env] = str(threads)
-        with open(log, "w" if task.attempts == 1 else "a", encoding="utf-8") as f:
-            f.write(f"$ {' '.join(command)}  # attempt {task.attempts}\n")
+        if not direct:  # a direct run's output is the terminal's, not a log's
+            with open(log, "w" if task.attempts == 1 else "a", encoding="utf-8") as f:
+                f.write(f"$ {' '.join(command)}  # attempt {task.attempts}\n")
         # A session of its own: a Ctrl-C here reaches the launcher, which ends the stages (stop).
         # `direct`: its output straight to this terminal (a plain serial run), not to a log.
         out = {} if direct else {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "bufsize": 1}
