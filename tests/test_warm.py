@@ -81,7 +81,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("warm")
     (root / "pipeline" / "grid").mkdir(parents=True)
     for name in ("pipeline/__init__.py", "pipeline/atomic.py", "pipeline/grid/__init__.py", "pipeline/grid/warm.py",
-                 "pipeline/grid/shim.py", "pipeline/grid/lifeline.py"):
+                 "pipeline/grid/shim.py", "pipeline/grid/lifeline.py", "pipeline/grid/fresh.py"):
         shutil.copy(ROOT / name, root / name)
     (root / "pipeline" / "report.py").write_text(FAKE_STAGE)
     (root / "pipeline" / "train.py").write_text(SIDE_EFFECTS)
@@ -190,9 +190,9 @@ def test_a_locale_time_zone_temp_dir_home_or_malloc_setting_of_its_own_runs_it_t
 
 
 def test_a_native_thread_nobody_named_stops_the_server_serving():
-    code = ("from pipeline.grid import warm; import faulthandler; before = warm._threads(); "
-            "assert warm.threads_not_forkable(before, set()) == ''; "
-            "faulthandler.dump_traceback_later(600); print(warm.threads_not_forkable(before, set()))")
+    code = ("from pipeline.grid import fresh; import faulthandler; before = fresh.threads(); "
+            "assert fresh.threads_not_forkable(before, set()) == ''; "
+            "faulthandler.dump_traceback_later(600); print(fresh.threads_not_forkable(before, set()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("1 native thread(s) not known to survive a fork"), out.stdout

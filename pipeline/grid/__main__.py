@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path

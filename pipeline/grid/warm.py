@@ -52,8 +52,8 @@ import tempfile
 import threading
 import time
 import traceback
-import warnings
 
+from pipeline.grid.fresh import NAMED_THREADS, fresh_state, restore, threads, threads_not_forkable
 from pipeline.grid.lifeline import die_with_parent
 from pipeline.grid.shim import STAGES, fingerprint, limits, recv, send, write_shims
 
@@ -61,31 +61,7 @@ from pipeline.grid.shim import STAGES, fingerprint, limits, recv, send, write_sh
 # later, inside functions (benchmarks/stage_overhead.py lists it per stage), then forgets our own
 # modules: only third-party ones stay. One that fails to import is left to the stage.
 LATER = ("torch._dynamo", "mlflow", "mlflow.tracking", "mlflow.entities", "sacrebleu", "sqlalchemy")
-# Native threads an import starts, by the module that starts them: each known to survive a fork
-# (the child has the forking thread alone; OpenBLAS re-creates its pool through pthread_atfork,
-# jemalloc's background thread is re-created on demand). Imported first, one by one, so that each
-# new thread is named; one that appears later, unnamed, stops the server serving.
-NAMED_THREADS = {"numpy": "OpenBLAS's pool", "pyarrow": "jemalloc's background thread",
-                 "scipy.linalg": "scipy's OpenBLAS pool"}
-
-
 # -- the server ---------------------------------------------------------------------------------
-
-def _threads() -> set[str]:
-    """This process's native threads (ids), the main one included."""
-    try:
-        return set(os.listdir("/proc/self/task"))
-    except OSError:  # not Linux: Python's own count stands in
-        return {str(n) for n in range(threading.active_count())}
-
-
-def _thread_name(tid: str) -> str:
-    try:
-        with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
 
 def _warm_imports() -> set[str]:
     """Import what the stages use; the native threads the imports started that are named (the
@@ -94,13 +70,13 @@ def _warm_imports() -> set[str]:
     # would start it in this process, and a forked child could then not use CUDA.
     before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    named, seen = set(), _threads()
+    named, seen = set(), threads()
     for name in NAMED_THREADS:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - not installed: nothing started
             pass
-        now = _threads()
+        now = threads()
         named |= now - seen
         seen = now
     for name in [f"pipeline.{stage}" for stage in sorted(STAGES)] + list(LATER):
@@ -120,50 +96,6 @@ def _warm_imports() -> set[str]:
     else:
         os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
     return named
-
-
-def threads_not_forkable(main_thread: set[str], named: set[str]) -> str:
-    """Why forking this process would not give a stage what a new process has ("" if it would).
-    Native threads that libraries start at import and mend at fork (NAMED_THREADS) are fine; a
-    Python thread, or a native one nobody named, would not exist (or not work) in the forked stage."""
-    if threading.active_count() > 1:
-        return "a Python thread is running: forking a threaded process is not safe"
-    unnamed = sorted(_threads() - main_thread - named)
-    if unnamed:
-        return (f"{len(unnamed)} native thread(s) not known to survive a fork "
-                f"({', '.join(_thread_name(t) for t in unnamed)})")
-    return ""
-
-
-def _fresh_state() -> dict:
-    """What a new interpreter has, before the imports change it (restored in each stage)."""
-    import logging
-
-    root = logging.getLogger()
-    return {"filters": list(warnings.filters), "showwarning": warnings.showwarning,
-            "formatwarning": warnings.formatwarning, "path": list(sys.path[1:]),
-            "root": (list(root.handlers), root.level), "disable": logging.root.manager.disable}
-
-
-def _restore(fresh: dict, request: dict) -> None:
-    """In a stage's child: undo what the server's imports changed of a new interpreter's state,
-    and take the command's umask and resource limits."""
-    import logging
-
-    warnings.filters[:] = fresh["filters"]
-    warnings._filters_mutated()  # the modules' "already warned" registries are stale now
-    warnings.showwarning, warnings.formatwarning = fresh["showwarning"], fresh["formatwarning"]
-    root = logging.getLogger()
-    root.handlers[:] = fresh["root"][0]
-    root.setLevel(fresh["root"][1])
-    logging.disable(fresh["disable"])
-    sys.path[:] = [request["cwd"], *fresh["path"]]
-    os.umask(request["umask"])
-    import resource
-
-    for name, pair in request["limits"].items():
-        if resource.getrlimit(getattr(resource, name)) != tuple(pair):
-            resource.setrlimit(getattr(resource, name), tuple(pair))
 
 
 def _cuda_in_a_fork(timeout_s: float = 120) -> bool:
@@ -197,8 +129,8 @@ def serve(path: str, tie: int | None = None, on_term=None) -> None:
     listener.listen(64)  # commands that connect now wait for the imports below, not fail
     me = fingerprint(os.environ)  # before the imports, as a command sees it before its own
     me["limits"] = limits()
-    fresh = _fresh_state()
-    main_thread = _threads()
+    fresh = fresh_state()
+    main_thread = threads()
     named = _warm_imports()
     gc.collect()
     gc.freeze()  # the imports' objects: never collected in a stage (fast collections, pages stay shared)
@@ -209,7 +141,7 @@ def serve(path: str, tie: int | None = None, on_term=None) -> None:
     if not why_not and os.path.isdir("/proc/driver/nvidia/gpus") and not _cuda_in_a_fork():
         why_not = "a process forked from this one cannot use CUDA"
     serving = not why_not
-    print(f"warm: ready, {len(sys.modules)} modules imported, {len(_threads())} native thread(s) "
+    print(f"warm: ready, {len(sys.modules)} modules imported, {len(threads())} native thread(s) "
           f"({len(named)} named), {threading.active_count()} Python thread(s)"
           + (f": not serving ({why_not})" if why_not else ""), flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers reap themselves
@@ -312,7 +244,7 @@ def _become_stage(request: dict, fds: list[int], rng, fresh: dict) -> None:
     # (The server imported no other module of ours: _warm_imports forgot them.)
     for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "model")]:
         del sys.modules[name]
-    _restore(fresh, request)
+    restore(fresh, request)
     sys.argv = ["-m", *request["args"]]
     sys.executable = request["executable"]
     random.seed()  # a fresh process seeds these from the OS; forked ones would share the server's
