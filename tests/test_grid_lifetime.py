@@ -217,7 +217,7 @@ def test_ctrl_z_stops_the_running_stage_with_the_launcher_and_fg_continues_it(tm
     project = tmp_path / "project"
     project.mkdir()
     (project / "dvc.yaml").write_text(yaml.safe_dump(
-        {"stages": {"wait": {"cmd": "sleep 3 && echo done > out.txt", "outs": ["out.txt"]}}}))
+        {"stages": {"wait": {"cmd": "sleep 6 && echo done > out.txt", "outs": ["out.txt"]}}}))
     env = {**project_env(project), "PYTHONPATH": str(ROOT)}  # pipeline.grid from this checkout
     for args in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
         sh(args, project, env)
@@ -230,8 +230,8 @@ def test_ctrl_z_stops_the_running_stage_with_the_launcher_and_fg_continues_it(tm
         sleeper = wait_until(stage, 120)
         assert sleeper, "the stage never started"
         launcher.send_signal(signal.SIGTSTP)
-        assert wait_until(lambda: sleeper.status() == psutil.STATUS_STOPPED, 10), sleeper.status()
-        time.sleep(4)  # longer than the stage: stopped, it has not finished
+        assert wait_until(lambda: sleeper.status() == psutil.STATUS_STOPPED, 5), sleeper.status()
+        time.sleep(7)  # longer than the stage: stopped, it has not finished
         assert not (project / "out.txt").exists()
         launcher.send_signal(signal.SIGCONT)
         assert launcher.wait(timeout=120) == 0
