@@ -5,9 +5,12 @@ Run: python -m benchmarks.grid_wall [--params params.yaml] [--jobs auto] [--mode
 Each mode runs the whole study from scratch in its own scratch project (git + DVC initialised, an
 MLflow store of its own), one after the other on this machine in the same run:
   cold    `dvc repro`                              each stage a new Python process
-  serial  `python -m pipeline.grid -j 1 --times`   the same `dvc repro` with warm starts (a server
-                                                   holds the imports; `bash run.sh repro -j 1`)
-  grid    `python -m pipeline.grid -j N --times`   side by side, warm (what `bash run.sh` runs)
+  serial  `python -m pipeline.grid -j 1 --times --warm`   the same `dvc repro` with warm starts (a
+                                                   server holds the imports; `bash run.sh repro -j 1`)
+  grid    `python -m pipeline.grid -j N --times --warm`   side by side, warm (what `bash run.sh` runs;
+                                                   --warm: on a GPU machine too, where it is off by default)
+Every stage, cold or warm, ends through pipeline.atomic.run_main (no interpreter teardown);
+`fast_exit` in the JSON says whether the measured code did (older JSONs predate it).
 and the summed training loops of its runs (train.json `wall_time_s`) are read back. Printed JSON:
 each mode's wall, loops and per-stage-family seconds, and the ratios the grid issue asks for:
 a serial wall / its own loops, and the grid's wall / a *serial* run's loops (the quiet reference:
@@ -49,6 +52,12 @@ def scratch_project(folder: Path, params: Path) -> Path:
     return folder
 
 
+def fast_exit() -> bool:
+    """Whether every stage module ends through pipeline.atomic.run_main (os._exit, no teardown)."""
+    stages = ("check_params", "download", "filter", "train_bpe", "encode", "train", "evaluate", "knockout", "report")
+    return all("run_main(main)" in (ROOT / "pipeline" / f"{s}.py").read_text(encoding="utf-8") for s in stages)
+
+
 def run_walls(project: Path) -> list[tuple[str, float]]:
     """(variant, training loop seconds) of each run of a finished study (train.json)."""
     runs = [json.loads(p.read_text()) for p in sorted((project / "data" / "runs").glob("*/train.json"))]
@@ -88,7 +97,7 @@ def run_mode(name: str, project: Path, jobs: str) -> dict:
     times = project / "grid-times.json"
     command = ([sys.executable, "-m", "dvc", "repro"] if name == "cold"
                else [sys.executable, "-m", "pipeline.grid", "-j", "1" if name == "serial" else jobs,
-                     "--times", str(times)])
+                     "--times", str(times), "--warm"])
     print(f"grid_wall: {name}: {' '.join(command[1:])} in {project}", file=sys.stderr, flush=True)
     old, start = Path.cwd(), time.perf_counter()
     os.chdir(project)
@@ -130,7 +139,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="grid-wall-"))
     load_before = os.getloadavg()[0]
     result = {"cpu_count": os.cpu_count(), "load_1min_before": round(load_before, 2),
-              "params": str(args.params)}
+              "params": str(args.params), "fast_exit": fast_exit()}
     projects = {name: scratch_project(scratch / name, args.params) for name in modes}  # same code
     for name, project in projects.items():
         result[name] = run_mode(name, project, args.jobs)

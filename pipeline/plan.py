@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="stages at a time, as `python -m pipeline.grid -j N` runs them (default 1: serial)")
     parser.add_argument("--cold", action="store_true",
                         help="stages as a plain `dvc repro` runs them, each a new process (default: the grid "
-                        "launcher's warm starts)")
+                        "launcher's warm starts on a CPU; a GPU --device is planned cold, as the launcher runs it)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     parser.add_argument("--brief", action="store_true", help="one line: runs, time, memory")
     args = parser.parse_args(argv)
@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
         manifest = read_manifest(args.shards)
         rows, why = plan(params, manifest, args.device, facts["peak_flops"], facts["time"], facts["memory_bytes"],
                          args.shards)
-        study = study_wall(params, rows, facts, args.calibration, args.jobs, not args.cold)
+        # The launcher runs cold on a GPU machine unless given --warm (pipeline/grid/__main__.py).
+        study = study_wall(params, rows, facts, args.calibration, args.jobs, not args.cold and args.device == "cpu")
     except (ValueError, OSError) as exc:  # ParamsError and PlanError are ValueErrors
         raise SystemExit(f"plan: {str(exc).strip().splitlines()[0]}") from None
     if args.json:

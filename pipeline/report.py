@@ -277,4 +277,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.atomic import run_main
+
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/atomic.py)

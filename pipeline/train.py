@@ -289,4 +289,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.atomic import run_main
+
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/atomic.py)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.grid.shim import stage_command, write_shims
 from pipeline.grid.warm import start_server, stop_server
@@ -47,9 +49,29 @@ def main():
         return
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "state":  # what a fresh interpreter has, that the server's imports may have changed
+        import logging, resource, warnings
+        mask = os.umask(0)
+        os.umask(mask)
+        root = logging.getLogger()
+        print(json.dumps({"filters": [repr(f) for f in warnings.filters], "handlers": [repr(h) for h in root.handlers],
+                          "level": root.level, "path": sys.path, "umask": mask,
+                          "nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "pid": os.getpid()}))
 
 if __name__ == "__main__":
     main()
+'''
+
+
+# A module the server imports (as it imports every stage) and a stage may not: what it changes of
+# the interpreter's state must not reach a stage served warm.
+SIDE_EFFECTS = '''
+import logging, os, sys, warnings
+warnings.filterwarnings("ignore", message="set by a module the server imported")
+logging.getLogger().addHandler(logging.NullHandler())
+logging.getLogger().setLevel(logging.DEBUG)
+sys.path.append("/nowhere/added-by-an-import")
+os.umask(0o077)
 '''
 
 
@@ -58,9 +80,11 @@ def server(tmp_path_factory):
     """A scratch package whose report stage is FAKE_STAGE, and a warm server started in it."""
     root = tmp_path_factory.mktemp("warm")
     (root / "pipeline" / "grid").mkdir(parents=True)
-    for name in ("pipeline/__init__.py", "pipeline/grid/__init__.py", "pipeline/grid/warm.py", "pipeline/grid/shim.py"):
+    for name in ("pipeline/__init__.py", "pipeline/atomic.py", "pipeline/grid/__init__.py", "pipeline/grid/warm.py",
+                 "pipeline/grid/shim.py", "pipeline/grid/lifeline.py", "pipeline/grid/fresh.py"):
         shutil.copy(ROOT / name, root / name)
     (root / "pipeline" / "report.py").write_text(FAKE_STAGE)
+    (root / "pipeline" / "train.py").write_text(SIDE_EFFECTS)
     path = str(root / "s")
     env = {**os.environ, "PYTHONPATH": ""}
     log = open(root / "warm.log", "w")
@@ -104,6 +128,74 @@ def test_an_import_time_variable_set_differently_runs_it_the_ordinary_way(server
     assert proc.returncode == 0 and seen["pid"] == proc.pid
     proc, seen, _ = echo(server, env={"LOCAL_RANK": "0"})  # under torchrun
     assert seen["pid"] == proc.pid
+
+
+def _limited(mask: int, nofile: int | None = None, memory: int | None = None):
+    """A preexec_fn: the command starts with this umask and these limits (`ulimit -n`, `ulimit -v`)."""
+    import resource
+
+    def apply():
+        os.umask(mask)
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        if memory is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return apply
+
+
+def _state(server, served: bool, **kw) -> dict:
+    root, _, env = server
+    if served:
+        proc = command(server, "state", **kw)
+    else:  # the same stage in a new process: the reference
+        plain = {**env, "PATH": os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(root / "bin"))}
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.report", "state"], cwd=root, env=plain,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True, **kw)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    seen = json.loads(out)
+    assert (seen.pop("pid") != proc.pid) == served  # served: it ran in a fork of the server
+    return seen
+
+
+def test_a_served_stage_has_a_fresh_interpreters_warnings_logging_and_sys_path(server):
+    warm, cold = _state(server, True), _state(server, False)
+    assert not any("set by a module the server imported" in f for f in warm["filters"])
+    assert warm["handlers"] == [] and warm["level"] == 30  # logging.WARNING, no root handler
+    assert "/nowhere/added-by-an-import" not in warm["path"]
+    assert warm["filters"] == cold["filters"]
+    assert (warm["handlers"], warm["level"]) == (cold["handlers"], cold["level"])
+    assert warm["path"] == cold["path"]
+
+
+def test_a_served_stage_takes_the_commands_umask_and_resource_limits(server):
+    how = {"preexec_fn": _limited(0o027, nofile=200)}
+    warm, cold = _state(server, True, **how), _state(server, False, **how)
+    assert warm["umask"] == cold["umask"] == 0o027  # the server's import set 077: not the command's
+    assert warm["nofile"][0] == cold["nofile"][0] == 200
+
+
+def test_a_memory_limit_other_than_the_servers_runs_it_the_ordinary_way(server):
+    _state(server, False, preexec_fn=_limited(0o022, memory=64 << 30))
+    proc = command(server, "state", preexec_fn=_limited(0o022, memory=64 << 30))
+    out, _ = proc.communicate(timeout=60)
+    assert json.loads(out)["pid"] == proc.pid  # `ulimit -v`: a new process, not a fork
+
+
+@pytest.mark.parametrize("name, value", [("TZ", "Asia/Tokyo"), ("LANG", "C"), ("LC_ALL", "C"), ("TMPDIR", "/var/tmp"),
+                                         ("HOME", "/nonexistent"), ("MALLOC_ARENA_MAX", "2")])
+def test_a_locale_time_zone_temp_dir_home_or_malloc_setting_of_its_own_runs_it_the_ordinary_way(server, name, value):
+    proc, seen, _ = echo(server, env={name: value})
+    assert proc.returncode == 0 and seen["pid"] == proc.pid
+
+
+def test_a_native_thread_nobody_named_stops_the_server_serving():
+    code = ("from pipeline.grid import fresh; import faulthandler; before = fresh.threads(); "
+            "assert fresh.threads_not_forkable(before, set()) == ''; "
+            "faulthandler.dump_traceback_later(600); print(fresh.threads_not_forkable(before, set()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("1 native thread(s) not known to survive a fork"), out.stdout
 
 
 def test_without_a_server_it_runs_the_ordinary_way(server, tmp_path):
@@ -180,6 +272,29 @@ def test_a_signal_to_the_command_reaches_its_stage(server, tmp_path, how):
     assert proc.returncode != 0
 
 
+def test_ctrl_z_stops_the_stage_with_its_command_and_fg_continues_it(server, tmp_path):
+    import psutil
+
+    pidfile = tmp_path / "pid"
+    proc = command(server, "sleep", str(pidfile))
+    stage = psutil.Process(_wait_for(pidfile))
+    try:
+        proc.send_signal(signal.SIGTSTP)
+        deadline = time.monotonic() + 10
+        while stage.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stage.status() == psutil.STATUS_STOPPED
+        proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while stage.status() == psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stage.status() != psutil.STATUS_STOPPED
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert _gone(stage.pid)
+
+
 def test_only_a_plain_python_m_of_a_stage_is_served():
     assert stage_command(["python", "-m", "pipeline.train", "--seed", "0"]) == ("pipeline.train", ["--seed", "0"])
     assert stage_command(["python", "-X", "importtime", "-m", "pipeline.train"]) is None
@@ -187,11 +302,43 @@ def test_only_a_plain_python_m_of_a_stage_is_served():
     assert stage_command(["python", "-m", "pytest"]) is None
 
 
+# Output files that hold clocks (train.json's times and throughput, and the report's training cost
+# table, which shows them): their hashes differ between any two runs, warm or cold; every other
+# output must hash the same.
+CLOCKS = {"train.json", "report.md", "report.html"}
+TIMING = re.compile(r"\d+(\.\d+)?\s*(s|ms|min|tok/s|it/s|examples/s)\b|\d+:\d\d(:\d\d)?|\d+(\.\d+)?%")
+
+
+def output_hashes(project: Path) -> dict[str, str]:
+    """Every output's hash as dvc.lock records it; an output that holds a file with clocks
+    (CLOCKS) file by file instead, those files left out: {path: md5}."""
+    import hashlib
+
+    hashes = {}
+    for stage in yaml.safe_load((project / "dvc.lock").read_text())["stages"].values():
+        for out in stage.get("outs", []):
+            path = project / out["path"]
+            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+            if not any(f.name in CLOCKS for f in files):
+                hashes[out["path"]] = out["md5"]
+                continue
+            for f in files:
+                if f.name not in CLOCKS and f.name != ".gitignore":
+                    hashes[str(f.relative_to(project))] = hashlib.md5(f.read_bytes()).hexdigest()
+    return hashes
+
+
+def stage_stderr(text: str) -> list[str]:
+    """A run's stderr (its stages' own, DVC passes it through), timings masked."""
+    return [TIMING.sub("#", line) for line in text.splitlines() if line.strip()]
+
+
 @pytest.mark.slow
 def test_the_study_warm_is_the_study_cold(tmp_path):
-    """The tiny study, serial, warm and cold: the same stages run, the same results (the run
-    files alike but for times), and the warm one's stages were served."""
-    results = {}
+    """The tiny study, serial, warm and cold: the same stages run, the same output hashes in
+    dvc.lock (but for the files that hold clocks), the same stderr from every stage (but for its
+    timings), the same results, and the warm one's stages were served."""
+    results, stderr = {}, {}
     for mode in ("warm", "cold"):
         project = tmp_path / mode
         env = make_project(project, tiny_params(seeds=[0]))
@@ -199,7 +346,11 @@ def test_the_study_warm_is_the_study_cold(tmp_path):
         run = subprocess.run([sys.executable, "-m", "pipeline.grid", "-j", "1", *args], cwd=project, env=env,
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        results[mode] = project
+        results[mode], stderr[mode] = project, run.stderr
+    warm, cold = (output_hashes(results[m]) for m in ("warm", "cold"))
+    assert set(warm) == set(cold)
+    assert sorted(path for path in warm if warm[path] != cold[path]) == []
+    assert stage_stderr(stderr["warm"]) == stage_stderr(stderr["cold"])
     log = (results["warm"] / ".dvc/tmp/grid/warm.log").read_text()
     assert log.count("served pipeline.train (") == 2 and log.count("served pipeline.evaluate (") == 2
     for run in ("baseline-0", "no_positional-0"):
@@ -217,3 +368,17 @@ def test_on_a_gpu_a_stage_forked_from_the_warm_imports_can_use_cuda():
     code = ("import sys; from pipeline.grid import warm; warm._warm_imports(); "
             "sys.exit(0 if warm._cuda_in_a_fork() else 1)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
+
+
+def test_warm_starts_are_off_by_default_on_a_gpu_machine(monkeypatch):
+    """On the H200 warm starts paid nothing (75 s warm, 72 s cold): a GPU machine runs cold
+    unless --warm; a CPU machine warm unless --cold; shell stages are never served."""
+    from pipeline.grid.__main__ import warm_wanted
+
+    ours = "cmd: python -m pipeline.train --seed 0"
+    monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
+    assert not warm_wanted(False, False, ours) and warm_wanted(False, True, ours)
+    monkeypatch.delenv("ABLATION_LAB_GPU_COUNT")
+    monkeypatch.setattr("pipeline.grid.__main__.gpu_machine", lambda: False)
+    assert warm_wanted(False, False, ours) and not warm_wanted(True, False, ours)
+    assert not warm_wanted(False, True, "cmd: sh check.sh")

@@ -5,6 +5,7 @@
     python -m pipeline.grid -j 1 [ARGS..]    # a serial `dvc repro ARGS` (warm starts, 3. below)
     python -m pipeline.grid --times t.json   # also write each stage's start and end (seconds) as JSON
     python -m pipeline.grid --cold           # each stage a new Python process (no warm server)
+    python -m pipeline.grid --warm           # warm starts on a GPU machine too (off there by default)
 
 1. The shared stages (check_params ... encode, upstream of every matrix stage) run as one plain
    `dvc repro`, when `dvc status` says one of them is out of date.
@@ -19,6 +20,11 @@
    and the rest imported, and each stage's command (unchanged in dvc.yaml) runs in a fork of it,
    instead of paying 1-2.5 s of imports in a new process (and ~1 s of exit); what it served is in
    .dvc/tmp/grid/warm.log. --cold turns it off: each stage a new process, a plain `dvc repro`.
+   Off by default on a GPU machine, where it was measured not to pay (docs/scaling-out-and-cost-plan.md).
+4. Nothing outlives the launcher (signals.py, lifeline.py): Ctrl-C, SIGTERM and SIGHUP end the
+   running stages, the server and its folder before the launcher ends by the same signal; a
+   guard process does the same if the launcher is killed outright. One launcher per workspace
+   (lock.py): a second stops at once, naming the first's pid.
 
 A thin layer, not a scheduler: DVC decides whether a stage runs and records it, so dvc.lock, the
 cache and the run-cache end as a serial `dvc repro` leaves them. paraffin (PyPI) runs DVC stages as
@@ -32,21 +38,35 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
-import signal
 import sys
 import time
 from pathlib import Path
 
 from pipeline.atomic import atomic_path
+from pipeline.grid import lock, signals
 from pipeline.grid.dag import Task, out_of_date, plan_tasks, read_pipeline, shared_stages
 from pipeline.grid.launch import DVC, Launcher
-from pipeline.grid.warm import run as run_warm
+from pipeline.grid.lifeline import Lifeline
 from pipeline.grid.warm import warm_starts
 
 LOG_DIR = Path(".dvc/tmp/grid")  # DVC keeps .dvc/tmp out of git
 THREADS_ENV = "ABLATION_LAB_THREADS"  # pipeline.training.device reads it (not imported: no torch here)
 MAX_RUNS_PER_GPU = 16  # pipeline.training.gpu_lock's cap; the slot locks decide the rest
+
+
+def gpu_machine() -> bool:
+    """A machine with an NVIDIA driver (or told its GPU count): warm starts are off there by default."""
+    return bool(os.environ.get("ABLATION_LAB_GPU_COUNT")) or Path("/proc/driver/nvidia/gpus").is_dir()
+
+
+def warm_wanted(cold: bool, warm: bool, dvc_yaml: str) -> bool:
+    """Warm starts where a stage runs our code (not in a project of shell stages), and not on a GPU
+    machine unless asked (--warm): on the H200 they paid nothing, 75 s warm against 72 s cold for
+    the nanoGPT study, the first stage held back 8.6 s by the server's imports
+    (docs/scaling-out-and-cost-plan.md)."""
+    if cold or "python -m pipeline." not in dvc_yaml:
+        return False
+    return warm or not gpu_machine()
 
 
 def cores() -> int:
@@ -104,10 +124,19 @@ def summary(launcher: Launcher, jobs: int, took: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    signals.install()  # before anything else: a signal at any point ends the study in order
+    try:
+        launch(argv)
+    except signals.Stopped as exc:  # before anything was started, or after it all was ended
+        signals.end_by(exc.signum)
+
+
+def launch(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-j", "--jobs", default="auto", help="stages at once: a number or auto (default)")
     parser.add_argument("--times", type=Path, help="write each stage's start/end and per-family seconds here")
     parser.add_argument("--cold", action="store_true", help="no warm server: each stage imports what it uses")
+    parser.add_argument("--warm", action="store_true", help="warm starts on a GPU machine too (off there by default)")
     parser.add_argument("targets", nargs="*", help="stages to bring up to date (default: all)")
     args, extra = parser.parse_known_args(argv)
     if args.jobs == "auto":
@@ -118,41 +147,72 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"grid: -j must be a number of stages (at least 1) or auto, got {args.jobs!r}")
     if not Path("dvc.yaml").is_file():
         raise SystemExit("grid: no dvc.yaml here; run it in the project's root")
-    serial = [sys.executable, "-m", "dvc", "repro", *extra, *args.targets]
-    # Warm starts where a stage runs our code (not in a project of shell stages).
-    cold = args.cold or "python -m pipeline." not in Path("dvc.yaml").read_text(encoding="utf-8")
-    if jobs == 1 and not args.times:  # a plain serial run, its output straight to this terminal
-        if cold:
-            os.execv(sys.executable, serial)
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        with open(LOG_DIR / "warm.log", "w", encoding="utf-8") as log:
-            sys.exit(run_warm(serial, log))
     if extra and jobs > 1:
         raise SystemExit(f"grid: {extra[0]} is a `dvc repro` option: give it with -j 1 (a plain dvc repro)")
-
-    if LOG_DIR.exists():
-        shutil.rmtree(LOG_DIR)
-    LOG_DIR.mkdir(parents=True)
-    launcher = Launcher(jobs, LOG_DIR, cores(), THREADS_ENV)
-    print(f"grid: -j {jobs} ({why}){'' if cold else ', warm starts'}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with contextlib.ExitStack() as stack:
-        if not cold:
-            stack.enter_context(warm_starts(stack.enter_context(open(LOG_DIR / "warm.log", "w", encoding="utf-8"))))
-        try:
-            if jobs == 1:  # --times asked for: the serial run, timed
-                ok = launcher.run_one(Task(["dvc repro"]), serial, echo=True)
-            else:
-                ok = run_grid(launcher, args.targets)
-        finally:
-            launcher.stop()
+    if args.cold and args.warm:
+        raise SystemExit("grid: --cold and --warm: give one of them")
+    serial = [sys.executable, "-m", "dvc", "repro", *extra, *args.targets]
+    cold = not warm_wanted(args.cold, args.warm, Path("dvc.yaml").read_text(encoding="utf-8"))
+    held = lock.hold(LOG_DIR)
+    lock.clear(LOG_DIR)
+    lock.repair_dvc_rwlock()  # a launcher killed mid-write last time
+    direct = jobs == 1 and not args.times  # a plain serial run, its output straight to this terminal
+    if not direct:
+        print(f"grid: -j {jobs} ({why}){'' if cold else ', warm starts'}", flush=True)
+    lifeline = Lifeline(keep_fds=(held,))  # the guard holds the workspace lock until it is done
+    lifeline.workspace(os.getcwd())
+    launcher = Launcher(jobs, LOG_DIR, cores(), THREADS_ENV, lifeline=lifeline)
+    signals.forward_to(launcher.signal_all)
+    code, stopped = 0, None
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(lifeline.close)
+            if not cold:
+                stack.enter_context(warm_starts(stack.enter_context(open(LOG_DIR / "warm.log", "w", encoding="utf-8")),
+                                                lifeline))
+            try:
+                if direct:
+                    code = run_direct(launcher, serial)
+                elif jobs == 1:  # --times asked for: the serial run, timed
+                    code = 0 if launcher.run_one(Task(["dvc repro"]), serial, echo=True) else 1
+                else:
+                    code = 0 if run_grid(launcher, args.targets) else 1
+            except signals.Stopped as exc:
+                stopped = exc.signum
+                running = len(launcher.running)
+                launcher.stop(stopped)
+                with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more lines
+                    print(f"grid: {exc}; {running} DVC process(es) that were running ended, "
+                          f"rerun to go on (DVC reruns what was not recorded)", file=sys.stderr, flush=True)
+            finally:
+                launcher.stop()
+    except signals.Stopped as exc:  # during the clean-up above or the warm server's start
+        stopped = stopped or exc.signum
+    if stopped:
+        lock.repair_dvc_rwlock()  # the DVC processes just ended may have been writing it
+        os.close(held)
+        signals.end_by(stopped)
+    if direct:
+        if code < 0:  # DVC itself ended by a signal: so does this command
+            signals.end_by(-code)
+        sys.exit(code)
     end = time.monotonic()
     if args.times:
         with atomic_path(args.times) as tmp:
             tmp.write_text(json.dumps(times_record(launcher, jobs, end, not cold), indent=2) + "\n")
     print("\n".join(summary(launcher, jobs, end - launcher.t0)), flush=True)
-    if not ok:
+    if code:
         sys.exit(1)
+
+
+def run_direct(launcher: Launcher, command: list[str]) -> int:
+    """A plain serial `dvc repro`, its output straight to this terminal; its exit status
+    (negative: the signal that ended it)."""
+    p = launcher.start(Task(["dvc repro"]), command, None, direct=True)
+    code = p.proc.wait()
+    launcher.running.remove(p)
+    launcher._ended(p)
+    return code
 
 
 def run_grid(launcher: Launcher, targets: list[str]) -> bool:

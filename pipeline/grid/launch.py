@@ -23,7 +23,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.grid import signals
 from pipeline.grid.dag import Task
+from pipeline.grid.lifeline import end_groups
 
 MAX_ATTEMPTS = 8
 LOCK_ERRORS = ("Unable to acquire lock", "is busy, it is being blocked by")
@@ -72,39 +74,56 @@ def _clock(seconds: float) -> str:
 
 
 class Launcher:
-    def __init__(self, jobs: int, log_dir: Path, cores: int, threads_env: str | None, say=None):
+    def __init__(self, jobs: int, log_dir: Path, cores: int, threads_env: str | None, say=None, lifeline=None):
         self.jobs, self.log_dir, self.cores, self.threads_env = jobs, log_dir, cores, threads_env
         self.say = say or (lambda msg: print(msg, flush=True))
+        self.lifeline = lifeline  # lifeline.Lifeline: told each process group, so a killed launcher's end them
         self.t0 = time.monotonic()
         self.out = Outcome()
         self.running: list[Process] = []
 
-    def stop(self) -> None:
-        """End the processes still running (Ctrl-C, an error here): each is a session of its own."""
+    def signal_all(self, signum: int) -> None:
+        """Pass a signal to every process running (Ctrl-Z, fg): each is a session of its own."""
         for p in self.running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.running:
-            try:
-                p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.proc.pid, signum)
 
-    def start(self, task: Task, command: list[str], threads: int | None, echo: bool = False) -> Process:
+    def stop(self, signum: int = signal.SIGTERM, grace_s: float = 3.0) -> None:
+        """End the processes still running (Ctrl-C, SIGTERM, SIGHUP, an error here): `signum` to
+        each one's group (SIGINT as a terminal's Ctrl-C would send it), SIGKILL after `grace_s`."""
+        end_groups({p.proc.pid for p in self.running}, grace_s, signals.children_signal(signum),
+                   reap=lambda: [p.proc.poll() for p in self.running])
+        for p in self.running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.proc.wait(timeout=1)
+            self._ended(p)
+        self.running.clear()
+
+    def _ended(self, p: Process) -> None:
+        if self.lifeline is not None:
+            self.lifeline.ended(p.proc.pid)
+
+    def start(self, task: Task, command: list[str], threads: int | None, echo: bool = False,
+              direct: bool = False) -> Process:
         task.attempts += 1
         log = self.log_dir / (task.stages[0].replace("/", "_") + ".log")
         env = dict(os.environ)
         if threads and self.threads_env and self.threads_env not in os.environ:
             env[self.threads_env] = str(threads)
-        with open(log, "w" if task.attempts == 1 else "a", encoding="utf-8") as f:
-            f.write(f"$ {' '.join(command)}  # attempt {task.attempts}\n")
+        if not direct:  # a direct run's output is the terminal's, not a log's
+            with open(log, "w" if task.attempts == 1 else "a", encoding="utf-8") as f:
+                f.write(f"$ {' '.join(command)}  # attempt {task.attempts}\n")
         # A session of its own: a Ctrl-C here reaches the launcher, which ends the stages (stop).
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env=env, start_new_session=True)
-        p = Process(task, proc, log, time.monotonic(), threading.Thread(target=lambda: None))
-        p.reader = threading.Thread(target=_read, args=(p, echo), daemon=True)
+        # `direct`: its output straight to this terminal (a plain serial run), not to a log.
+        out = {} if direct else {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "bufsize": 1}
+        with signals.held():  # started, named to the lifeline and listed for stop() at once
+            proc = subprocess.Popen(command, env=env, start_new_session=True, **out)
+            if self.lifeline is not None:
+                self.lifeline.group(proc.pid)
+            p = Process(task, proc, log, time.monotonic(), threading.Thread(target=lambda: None))
+            self.running.append(p)
+        if not direct:
+            p.reader = threading.Thread(target=_read, args=(p, echo), daemon=True)
         p.reader.start()
         return p
 
@@ -138,8 +157,7 @@ class Launcher:
                 task = ready.pop(0)
                 pending.remove(task)
                 in_flight = min(self.jobs, len(running) + 1 + len(ready))
-                p = self.start(task, command_of(task), max(1, self.cores // in_flight), echo)
-                running.append(p)
+                self.start(task, command_of(task), max(1, self.cores // in_flight), echo)  # now in running
                 self.say(f"grid: start {' '.join(task.stages)}"
                          + (f" (attempt {task.attempts})" if task.attempts > 1 else "")
                          + f"  [{len(running)} running, {_clock(now - self.t0)} elapsed]")
@@ -151,6 +169,7 @@ class Launcher:
                 if p.proc.poll() is None:
                     continue
                 running.remove(p)
+                self._ended(p)
                 p.reader.join()
                 end = time.monotonic()
                 self._finish_marks(p, end)

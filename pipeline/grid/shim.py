@@ -21,7 +21,13 @@ STAGES = {"check_params", "download", "filter", "train_bpe", "encode", "train", 
 # otherwise than in the server that imported them (warm.py), a stage served there would not be the
 # stage a new process runs.
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_",
-                   "PYTHON", "MPL", "MATPLOTLIB", "MLFLOW_", "NUMEXPR_", "SQLALCHEMY")
+                   "PYTHON", "MPL", "MATPLOTLIB", "MLFLOW_", "NUMEXPR_", "SQLALCHEMY",
+                   # read once and kept: the locale (C library and Python's), time zone, temp dir
+                   # (tempfile.gettempdir caches it), home (caches found from it), malloc's tuning
+                   "LC_", "LANG", "TZ", "TMPDIR", "TEMP", "TMP", "HOME", "MALLOC_")
+# Resource limits a fork cannot take on exactly: memory the server has already mapped (address
+# space, data, stack) is over a lower limit from the start. The others are set in the stage.
+MEMORY_LIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_STACK")
 TORCHRUN = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")
 
 
@@ -29,6 +35,35 @@ def fingerprint(env) -> dict:
     """What must match between the command and the server (the same interpreter, shim checks) for a
     fork to run what a new process would: the variables read at import time (PYTHONPATH among them)."""
     return {"env": sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV))}
+
+
+def limits() -> dict[str, list[int]]:
+    """This process's resource limits, {RLIMIT_name: [soft, hard]} (`ulimit -a`)."""
+    import resource
+
+    return {name: list(resource.getrlimit(getattr(resource, name)))
+            for name in sorted(dir(resource)) if name.startswith("RLIMIT_")}
+
+
+def limits_fit(mine: dict, server: dict) -> bool:
+    """Whether a fork of the server can take the command's limits exactly: the memory ones equal,
+    no hard limit above the server's (only a privileged process could raise it)."""
+    infinity = -1  # resource.RLIM_INFINITY
+
+    def above(a: int, b: int) -> bool:
+        return b != infinity and (a == infinity or a > b)
+
+    for name, (soft, hard) in mine.items():
+        theirs = server.get(name)
+        if theirs is None or (name in MEMORY_LIMITS and [soft, hard] != list(theirs)) or above(hard, theirs[1]):
+            return False
+    return True
+
+
+def umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
 
 # -- messages: 4-byte length + JSON --------------------------------------------------------------
 
@@ -133,14 +168,17 @@ def _serve(path: str, command: tuple[str, list[str]], env: dict, executable: str
     except (OSError, EOFError, ValueError):
         sock.close()
         return
-    if not hello.get("serving") or hello.get("fingerprint") != json.loads(json.dumps(fingerprint(env))):
+    mine = limits()
+    theirs = hello.get("fingerprint", {})
+    if (not hello.get("serving") or theirs.get("env") != json.loads(json.dumps(fingerprint(env)))["env"]
+            or not limits_fit(mine, theirs.get("limits", {}))):
         sock.close()
         return
     try:
         streams = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
         socket.send_fds(sock, [b"F"], streams)
         send(sock, {"module": command[0], "args": command[1], "cwd": os.getcwd(), "env": env,
-                     "executable": executable})
+                     "executable": executable, "umask": umask(), "limits": mine})
     except OSError:  # nothing has started: run it the ordinary way
         sock.close()
         return
@@ -151,8 +189,16 @@ def _serve(path: str, command: tuple[str, list[str]], env: dict, executable: str
         except OSError:
             pass
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    def pause(_signum, _frame):  # Ctrl-Z: the stage stops with this command, and goes on with it
+        # SIGSTOP, not SIGTSTP: under the grid launcher this process's group is orphaned (DVC's
+        # own session), and the kernel drops a SIGTSTP whose action is to stop.
+        forward(signal.SIGSTOP, None)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        forward(signal.SIGCONT, None)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCONT):
         signal.signal(signum, forward)
+    signal.signal(signal.SIGTSTP, pause)
     try:
         status = recv(sock)
     except (OSError, EOFError, ValueError):

@@ -1,7 +1,8 @@
 """Warm starts: a stage's process forked from one that has already imported torch and the rest.
 
     python -m pipeline.grid.warm [--] CMD [ARGS..]   # run CMD (say `dvc repro`) with warm starts
-    python -m pipeline.grid.warm --serve SOCKET      # the server alone (what warm_starts starts)
+    python -m pipeline.grid.warm --serve SOCKET [--lifeline FD] [--parent PID] [--folder DIR]
+                                                     # the server alone (what warm_starts starts)
 
 A stage of a small study is over in seconds, and a new Python process pays 1-2.5 s of it before
 the stage's first line: torch, torch._dynamo (AdamW's step imports it), mlflow, pandas, scipy, and
@@ -14,12 +15,22 @@ streams, imports our own code afresh (an edit is seen) and runs the module as `p
 The command waits, forwards Ctrl-C and SIGTERM, and exits as the stage did (a crash or a kill
 included). tests/test_warm.py runs the tiny study warm and cold: the same results.
 
+A served stage is a fresh process in every way we know to matter: the child restores what a new
+interpreter has and the imports may have changed (warnings filters, the logging root's handlers
+and level, sys.path), and takes the command's umask and resource limits.
+
 Anything else is exec'd to the `python` PATH would have found, as if the shim were not there:
 another command, an interpreter option before -m, another interpreter than the server's, torchrun,
 an environment variable that the warm imports read at import time set differently (OMP_*, CUDA_*,
-TORCH*, PYTHONPATH, ...), no server, or a server that found a Python thread running after its
-imports (forking then is not safe), or, on a GPU machine, in which a forked child could not run
-a CUDA kernel.
+TORCH*, PYTHONPATH, locale, TZ, TMPDIR, HOME, MALLOC_*, ...; shim.IMPORT_TIME_ENV), a memory
+limit (`ulimit -v`, -d, -s) other than the server's or a limit it cannot raise to, no server, or
+a server that found a thread after its imports that it cannot name as one that survives a fork
+(a Python thread, a native one some library started), or, on a GPU machine, in which a forked
+child could not run a CUDA kernel.
+
+Its life is the launcher's (lifeline.py): it polls a pipe whose write end only the launcher holds,
+and the kernel sends it SIGTERM when its parent ends; either way it removes its socket and folder.
+A command's handler dies with the server, a stage with its handler (SIGKILL).
 """
 from __future__ import annotations
 
@@ -42,28 +53,32 @@ import threading
 import time
 import traceback
 
-from pipeline.grid.shim import STAGES, fingerprint, recv, send, write_shims
+from pipeline.grid.fresh import NAMED_THREADS, fresh_state, restore, threads, threads_not_forkable
+from pipeline.grid.lifeline import die_with_parent
+from pipeline.grid.shim import STAGES, fingerprint, limits, recv, send, write_shims
 
 # The server imports the stage modules (and so what they import at the top), then what they import
 # later, inside functions (benchmarks/stage_overhead.py lists it per stage), then forgets our own
 # modules: only third-party ones stay. One that fails to import is left to the stage.
 LATER = ("torch._dynamo", "mlflow", "mlflow.tracking", "mlflow.entities", "sacrebleu", "sqlalchemy")
-
-
 # -- the server ---------------------------------------------------------------------------------
 
-def _threads() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
-
-
-def _warm_imports() -> None:
+def _warm_imports() -> set[str]:
+    """Import what the stages use; the native threads the imports started that are named (the
+    ones NAMED_THREADS expects)."""
     # Should an import ask torch whether CUDA is there, NVML answers: the CUDA driver's own answer
     # would start it in this process, and a forked child could then not use CUDA.
     before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    named, seen = set(), threads()
+    for name in NAMED_THREADS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - not installed: nothing started
+            pass
+        now = threads()
+        named |= now - seen
+        seen = now
     for name in [f"pipeline.{stage}" for stage in sorted(STAGES)] + list(LATER):
         try:
             importlib.import_module(name)
@@ -80,6 +95,7 @@ def _warm_imports() -> None:
         del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
     else:
         os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
+    return named
 
 
 def _cuda_in_a_fork(timeout_s: float = 120) -> bool:
@@ -105,39 +121,52 @@ def _cuda_in_a_fork(timeout_s: float = 120) -> bool:
     return False
 
 
-def serve(path: str) -> None:
+def serve(path: str, tie: int | None = None, on_term=None) -> None:
+    """Serve commands on `path` until SIGTERM (`on_term`, else SystemExit) or, given `tie`
+    (lifeline.py), until it ends."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)  # commands that connect now wait for the imports below, not fail
     me = fingerprint(os.environ)  # before the imports, as a command sees it before its own
-    _warm_imports()
+    me["limits"] = limits()
+    fresh = fresh_state()
+    main_thread = threads()
+    named = _warm_imports()
     gc.collect()
     gc.freeze()  # the imports' objects: never collected in a stage (fast collections, pages stay shared)
     rng = None
     if "torch" in sys.modules:  # the generator state a fresh process starts with
         rng = sys.modules["torch"].random.get_rng_state()
-    # Native threads that libraries start at import and mend at fork (OpenBLAS's pool, jemalloc's
-    # background thread) are fine; a Python thread would not exist in the forked stage.
-    why_not = "" if threading.active_count() == 1 else "forking a threaded process is not safe"
+    why_not = threads_not_forkable(main_thread, named)
     if not why_not and os.path.isdir("/proc/driver/nvidia/gpus") and not _cuda_in_a_fork():
         why_not = "a process forked from this one cannot use CUDA"
     serving = not why_not
-    print(f"warm: ready, {len(sys.modules)} modules imported, {_threads()} native thread(s), "
-          f"{threading.active_count()} Python thread(s)" + (f": not serving ({why_not})" if why_not else ""),
-          flush=True)
+    print(f"warm: ready, {len(sys.modules)} modules imported, {len(threads())} native thread(s) "
+          f"({len(named)} named), {threading.active_count()} Python thread(s)"
+          + (f": not serving ({why_not})" if why_not else ""), flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers reap themselves
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the commands, which forward it
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a session of its own: only the launcher ends it
+    signal.signal(signal.SIGTERM, on_term or (lambda *_: sys.exit(0)))
+    server = os.getpid()
+    if tie is not None:
+        os.set_inheritable(tie, False)  # the server's alone, not a stage's subprocesses'
+    waits = [listener] + ([tie] if tie is not None else [])
     while True:
+        ready, _, _ = select.select(waits, [], [])
+        if tie in ready:  # end of file: the launcher is gone, however it went
+            print("warm: the launcher is gone; stopping", flush=True)
+            return
         conn, _ = listener.accept()
         if os.fork() == 0:
             listener.close()
-            _handle(conn, me, serving, rng)  # never returns: the handler and the stage exit
+            _handle(conn, me, serving, rng, fresh, server)  # never returns: the handler and the stage exit
         conn.close()
 
 
-def _handle(conn: socket.socket, me: dict, serving: bool, rng) -> None:
+def _handle(conn: socket.socket, me: dict, serving: bool, rng, fresh: dict, server: int) -> None:
     """In a child per command: start the stage's process, pass on signals, report how it ended."""
+    die_with_parent(signal.SIGKILL, server)  # a server killed takes its commands' stages with it
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
@@ -147,10 +176,12 @@ def _handle(conn: socket.socket, me: dict, serving: bool, rng) -> None:
     except (OSError, EOFError, ValueError):
         os._exit(0)  # the command runs itself
     t0 = time.monotonic()
+    handler = os.getpid()
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _become_stage(request, fds, rng)  # ends with os._exit
+        die_with_parent(signal.SIGKILL, handler)
+        _become_stage(request, fds, rng, fresh)  # ends with os._exit
     try:  # also here, so that a signal sent at once finds the group
         os.setpgid(pid, pid)
     except OSError:
@@ -179,17 +210,18 @@ def _handle(conn: socket.socket, me: dict, serving: bool, rng) -> None:
             status = {"signal": os.WTERMSIG(code)} if os.WIFSIGNALED(code) else {"exit": os.WEXITSTATUS(code)}
         else:
             select.select([conn, *ended], [], [], None if ended else 0.05)
+    ended_as = f"signal {status['signal']}" if "signal" in status else f"exit {status['exit']}"
+    # Logged before the command hears: once it exits, its line is in warm.log.
+    print(f"warm: served {request['module']} (pid {pid}) in {time.monotonic() - t0:.2f} s, {ended_as}", flush=True)
     try:
         conn.setblocking(True)
         send(conn, status)
     except OSError:
         pass
-    ended_as = f"signal {status['signal']}" if "signal" in status else f"exit {status['exit']}"
-    print(f"warm: served {request['module']} (pid {pid}) in {time.monotonic() - t0:.2f} s, {ended_as}", flush=True)
     os._exit(0)
 
 
-def _become_stage(request: dict, fds: list[int], rng) -> None:
+def _become_stage(request: dict, fds: list[int], rng, fresh: dict) -> None:
     """Turn this forked child into `python -m MODULE ARGS` run in the command's directory, with
     its environment and streams; exit as it ends."""
     os.setpgid(0, 0)
@@ -212,7 +244,7 @@ def _become_stage(request: dict, fds: list[int], rng) -> None:
     # (The server imported no other module of ours: _warm_imports forgot them.)
     for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "model")]:
         del sys.modules[name]
-    sys.path[0] = request["cwd"]
+    restore(fresh, request)
     sys.argv = ["-m", *request["args"]]
     sys.executable = request["executable"]
     random.seed()  # a fresh process seeds these from the OS; forked ones would share the server's
@@ -237,8 +269,15 @@ def _become_stage(request: dict, fds: list[int], rng) -> None:
 
 def _exit(code, interrupted: bool) -> None:
     """Python's own exit, less tearing down the thousands of modules the server imported (~1.2 s,
-    more than many stages' work): wait for non-daemon threads, run the atexit callbacks (logging,
-    MLflow, weakref.finalize, multiprocessing), collect garbage (closes unreferenced files), flush."""
+    more than many stages' work): pipeline.atomic.exit_now, what every stage module ends with
+    (run_main), so that a stage served warm ends as one run cold. A stage that returns to here
+    (a module without run_main) ends the same way; without pipeline.atomic, by the steps below."""
+    try:
+        from pipeline.atomic import exit_now
+    except ImportError:
+        pass
+    else:
+        exit_now(code, interrupted)
     if code is None:
         code = 0
     elif not isinstance(code, int):
@@ -259,21 +298,33 @@ def _exit(code, interrupted: bool) -> None:
 
 
 @contextlib.contextmanager
-def warm_starts(log=None):
+def warm_starts(log=None, lifeline=None):
     """For the block: a server started, and its `python` shims first on this process's PATH, so
-    that the commands it starts (DVC's, and DVC's stages') are served warm."""
+    that the commands it starts (DVC's, and DVC's stages') are served warm. `lifeline`
+    (lifeline.Lifeline): the server and its folder named to it, and tied to it."""
     folder = tempfile.mkdtemp(prefix="ablation-warm-")  # short: a socket's path is < 108 bytes
     path = os.path.join(folder, "socket")
-    server = start_server(path, log)
-    write_shims(folder, path)
+    from pipeline.grid.signals import held
+
+    with held():  # a Ctrl-C now waits until the server is known to the lifeline (ended with the rest)
+        if lifeline is not None:
+            lifeline.folder(folder)
+        tie = lifeline.tie() if lifeline is not None else None
+        server = start_server(path, log, tie=tie, folder=folder)
+        if tie is not None:
+            os.close(tie)  # the server's now
+            lifeline.group(server.pid)
     old = os.environ.get("PATH", "")
-    os.environ["PATH"] = folder + os.pathsep + old
     try:
+        write_shims(folder, path)
+        os.environ["PATH"] = folder + os.pathsep + old
         yield
     finally:
         os.environ["PATH"] = old
         stop_server(server, path)
         shutil.rmtree(folder, ignore_errors=True)
+        if lifeline is not None:
+            lifeline.ended(server.pid)
 
 
 def run(command: list[str], log=None) -> int:
@@ -282,12 +333,19 @@ def run(command: list[str], log=None) -> int:
         return subprocess.run(command).returncode
 
 
-def start_server(path: str, log=None, **popen):
+def start_server(path: str, log=None, tie: int | None = None, folder: str | None = None, **popen):
     """The server as a process of its own session: a Ctrl-C at the terminal reaches the stages'
-    commands (which forward it), not the server. Ready to accept once `path` exists."""
-    server = subprocess.Popen([sys.executable, "-m", "pipeline.grid.warm", "--serve", path],
-                              stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-                              **popen)
+    commands (which forward it), not the server. Ready to accept once `path` exists. It ends when
+    this process does (SIGTERM from the kernel), or when `tie` (a pipe's read end) reads end of
+    file; it then removes `path` and `folder`."""
+    command = [sys.executable, "-m", "pipeline.grid.warm", "--serve", path, "--parent", str(os.getpid())]
+    if tie is not None:
+        command += ["--lifeline", str(tie)]
+        popen["pass_fds"] = (*popen.get("pass_fds", ()), tie)
+    if folder is not None:
+        command += ["--folder", folder]
+    server = subprocess.Popen(command, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                              start_new_session=True, **popen)
     deadline = time.monotonic() + 10
     while not os.path.exists(path) and server.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -297,25 +355,43 @@ def start_server(path: str, log=None, **popen):
 def stop_server(server, path: str) -> None:
     server.terminate()
     try:
-        server.wait(timeout=10)
+        server.wait(timeout=3)
     except subprocess.TimeoutExpired:
         server.kill()
+        server.wait()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
 
 
+def _serve_main(argv: list[str]) -> None:
+    """--serve SOCKET [--lifeline FD] [--parent PID] [--folder DIR]"""
+    path, options = argv[1], dict(zip(argv[2::2], argv[3::2]))
+    if set(options) - {"--lifeline", "--parent", "--folder"} or len(argv) % 2:
+        raise SystemExit(f"warm: --serve takes SOCKET [--lifeline FD] [--parent PID] [--folder DIR], got {argv[1:]}")
+    pid = os.getpid()
+
+    def quit_now(*_):  # not SystemExit: an import's bare `except:` would swallow it
+        if os.getpid() == pid:  # not a child just forked, before it set its own handler
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            if "--folder" in options:
+                shutil.rmtree(options["--folder"], ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, quit_now)  # during the imports too
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if "--parent" in options:  # the launcher gone before this line: stop at once
+        die_with_parent(signal.SIGTERM, int(options["--parent"]))
+    try:
+        serve(path, int(options["--lifeline"]) if "--lifeline" in options else None, quit_now)
+    finally:
+        if os.getpid() == pid:  # not in a forked stage unwinding through here
+            quit_now()
+
+
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["--serve"] and len(argv) == 2:
-        pid = os.getpid()
-        try:
-            serve(argv[1])
-        finally:
-            if os.getpid() == pid:  # not in a forked stage unwinding through here
-                try:
-                    os.unlink(argv[1])
-                except FileNotFoundError:
-                    pass
-        return
+    if argv[:1] == ["--serve"] and len(argv) >= 2:
+        _serve_main(argv)
     command = argv[1:] if argv[:1] == ["--"] else argv
     if not command:
         raise SystemExit("warm: usage: python -m pipeline.grid.warm [--] CMD [ARGS..]")
