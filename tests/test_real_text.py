@@ -214,7 +214,7 @@ def test_report_compares_the_baseline_with_a_stated_reference(tmp_path):
     assert any(x.startswith("Reference (a paper): val_loss = ") and "Measured: whole split." in x for x in lines)
     test = sps.ttest_ind(values, ref, equal_var=False)
     low, high = test.confidence_interval(0.95)
-    line = next(x for x in lines if x.startswith("baseline: "))
+    line = next(x for x in lines if x.startswith("baseline, val_loss: "))  # our same quantity: whole split
     assert f"Difference baseline − reference: {values.mean() - ref.mean():.3g}, 95% CI [{low:.3g}, {high:.3g}]" in line
     p_text = "<0.001" if test.pvalue < 0.001 else f"{test.pvalue:.3f}"
     assert f"Welch t-test p = {p_text}" in line and line.endswith(": better.")

@@ -65,9 +65,9 @@ def _pause(signum, _frame) -> None:
     time.sleep(0.2)
     for forward in _forward:
         forward(signal.SIGSTOP)
-    signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until continued
-    signal.signal(signal.SIGTSTP, _pause)
+    # Stopped here until continued. SIGSTOP, not SIGTSTP: the kernel drops a stopping SIGTSTP in
+    # an orphaned process group too (a launcher started from a script, nohup or CI).
+    os.kill(os.getpid(), signal.SIGSTOP)
     for forward in _forward:
         forward(signal.SIGCONT)
 
