@@ -175,7 +175,7 @@ def test_a_run_too_big_for_the_device_says_so(tmp_path, capsys):
 def fitted_without(report: Path) -> tuple[calibration.Calibration, float]:
     """The time model fitted to every committed study but `report`'s, and the peak the runs divided by."""
     peak = calibration.reference_peak(REPORTS)
-    others = [p for r in REPORTS if r != report for p in calibration.study_points(r)]
+    others = [p for r in REPORTS if r != report for p in calibration.study_points(r, peak)]
     return calibration.fit(others, peak, "the other studies"), peak
 
 
@@ -185,7 +185,8 @@ def predicted_vs_measured(report: Path, params: Params, manifest: dict | None,
     `params`, under the time model fitted leaving this study out."""
     cal, peak = fitted_without(report)
     rows = estimate.plan(params, manifest, "cpu", peak, cal, estimate.ram_bytes(), shards)[0]
-    measured = {p.variant: p.wall_s for p in calibration.study_points(report)}
+    # Its walls at the reference machine's speed (calibration.day_speed), as the fit's are.
+    measured = {p.variant: p.wall_s for p in calibration.study_points(report, peak)}
     return {r.variant: (r.seconds_per_run, measured[r.variant]) for r in rows if r.variant in measured}
 
 
@@ -238,7 +239,7 @@ def test_translation_preset_wall_within_tolerance():
     report = ROOT / "reports" / "studies" / "multi30k_comparisons_cpu" / "report.md"
     cal, peak = fitted_without(report)
     assert_within({p.variant: (cal.cpu_seconds(p.steps, p.sublayers, p.act_bytes, p.flops, peak), p.wall_s)
-                   for p in calibration.study_points(report)})
+                   for p in calibration.study_points(report, peak)})
 
 
 @pytest.mark.slow

@@ -36,13 +36,18 @@ class Calibration:
     bytes_per_s: float  # activation bytes (of one step's saved tensors) handled per second; inf: no such term
     runs: int  # measured variants (one wall each) the fit used
     source: str
+    # The matmul peak the fitted runs divided by. A machine measured slower or faster than that
+    # (these shared machines move between days: 1.61e11 against 1.89e11 FLOP/s on one day) is
+    # taken to be so in every term, not only the FLOPs'. None: the per-step terms as fitted.
+    peak: float | None = None
 
     def step_s(self, n_sublayers: int, act_bytes: float) -> float:
         """The per-step cost besides the FLOPs: fixed work per sublayer and memory-bound work."""
         return n_sublayers * self.sublayer_s + act_bytes / self.bytes_per_s
 
     def cpu_seconds(self, steps: int, n_sublayers: int, act_bytes: float, flops: float, peak: float) -> float:
-        return steps * self.step_s(n_sublayers, act_bytes) + flops / (peak * self.mfu)
+        speed = self.peak / peak if self.peak else 1.0
+        return steps * self.step_s(n_sublayers, act_bytes) * speed + flops / (peak * self.mfu)
 
     def describe(self) -> str:
         traffic = "" if self.bytes_per_s == float("inf") else f" + activation bytes / {self.bytes_per_s:.3g} B/s"
@@ -186,8 +191,27 @@ def mean_batch(cell: str | None) -> tuple[float, float, float] | None:
     return (nums[0], nums[1], nums[2]) if len(nums) == 3 else (nums[0], 0.0, nums[1]) if len(nums) == 2 else None
 
 
-def study_points(report: Path) -> list[Point]:
-    """The usable variants of one committed report.
+# A report's own peak (its runs' FLOPs x tokens/s / MFU) this far or further from the reference is
+# not a machine speed: its runs counted FLOPs another way (the formula changed since), so its walls
+# are taken as they are.
+PLAUSIBLE_SPEED = (0.5, 2.0)
+
+
+def day_speed(report: Path, reference: float) -> float:
+    """How fast the machine was when `report`'s runs trained, relative to `reference` (the peak the
+    fit divides by): its runs' own peak over the reference, 1 where the report gives none or an
+    implausible one. These shared machines move between days (1.61e11 against 1.89e11 FLOP/s, and
+    walls a third longer, for the default study on 2026-11-27)."""
+    try:
+        ratio = reference_peak([report]) / reference
+    except PlanError:
+        return 1.0
+    return ratio if PLAUSIBLE_SPEED[0] <= ratio <= PLAUSIBLE_SPEED[1] else 1.0
+
+
+def study_points(report: Path, reference: float | None = None) -> list[Point]:
+    """The usable variants of one committed report; with `reference` (a peak), its walls as they
+    would have been on a machine of that peak (day_speed).
 
     A variant needs its params (checked against the report's parameter counts), its mean batch
     (the cost table's column; a language model's is train.batch_size x train.context) and its
@@ -199,6 +223,7 @@ def study_points(report: Path) -> list[Point]:
     text = report.read_text(encoding="utf-8")
     counts = parameter_counts(text)
     lm = task_of(params) == "language_modeling"
+    speed = day_speed(report, reference) if reference else 1.0
     points = []
     for run in measured_runs(report):
         if run["variant"] not in params.ablations:
@@ -215,7 +240,7 @@ def study_points(report: Path) -> list[Point]:
         fpt = run["flops_per_token"] or flops_per_target_token(model, cfg, 0.0, float(tcfg["context"]))
         points.append(Point(report.parent.name, run["variant"], run["steps"], sublayers(cfg),
                             activation_bytes(model, cfg, *mean_shape(cfg, shape), False), fpt * run["tokens"],
-                            run["wall_s"]))
+                            run["wall_s"] * speed))
     return points
 
 
@@ -235,12 +260,13 @@ def fit(points: list[Point], peak: float, source: str) -> Calibration:
                   for p in points])
     (per_sublayer, per_byte, slower), _ = nnls(a, 1 - at_peak)  # 1 / MFU = 1 + slower
     return Calibration(float(1 / (1 + slower)), float(per_sublayer),
-                       float(1 / per_byte) if per_byte > 0 else float("inf"), len(points), source)
+                       float(1 / per_byte) if per_byte > 0 else float("inf"), len(points), source, peak)
 
 
 def calibrate(reports: list[Path]) -> Calibration:
     """The CPU time model fitted to every usable run of `reports` (report.md files)."""
     if not reports:
         raise PlanError("no committed report.md to calibrate the CPU time on (see --calibration)")
-    points = [p for report in reports for p in study_points(report)]
-    return fit(points, reference_peak(reports), f"{len(points)} variants of {len(reports)} committed CPU studies")
+    peak = reference_peak(reports)
+    points = [p for report in reports for p in study_points(report, peak)]
+    return fit(points, peak, f"{len(points)} variants of {len(reports)} committed CPU studies")
