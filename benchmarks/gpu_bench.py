@@ -7,9 +7,10 @@ fused causal attention, one module per block) and a reference built only from to
 Transformer modules. tokens/s and MFU (training FLOPs per token by the train stage's formula, over
 the device's datasheet peak).
 
-Run: python -m benchmarks.gpu_bench --result bench.json [--batch 16 --steps 10 --repeats 5]
+Run: python -m benchmarks.gpu_bench --result bench.json [--batch 16 --large-batch 32 --steps 10 --repeats 5]
 The result file is rewritten after each phase (first ours and the nanoGPT-style model compiled,
-then all six runs interleaved), so a run stopped at a time limit keeps what it measured.
+then both again at the larger micro-batch, then all six runs interleaved), so a run stopped at a
+time limit keeps what it measured.
 """
 from __future__ import annotations
 
@@ -79,24 +80,45 @@ def flops_per_token(cfg: ModelConfig) -> float:
     return flops_per_target_token(model, cfg, 0.0, float(cfg.max_len))
 
 
+def attention_kernels(run: Callable[[], None]) -> list[str]:
+    """The GPU kernels of `run` whose names say attention (flash, cuDNN, memory-efficient): which
+    path of scaled_dot_product_attention the compiled step took."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    marks = ("flash", "fmha", "cudnn", "attention", "efficient", "sdpa")
+    return sorted({e.key[:120] for e in prof.key_averages() if any(m in e.key.lower() for m in marks)})
+
+
 def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats: int, compile_models: bool,
-              write: Callable[[dict], None] | None = None) -> dict:
+              write: Callable[[dict], None] | None = None, large_batch: int | None = None) -> dict:
     """tokens/s and MFU of the three models, eager (and compiled), interleaved step for step.
 
     Compiled, the target figures come first: ours and the nanoGPT-style model are compiled and timed
-    against each other (phase 1), then the reference is compiled and all six runs are timed together
-    (phase 2, whose figures replace phase 1's). `write(out)` is called after each phase."""
+    against each other at `batch` (phase 1), then again at `large_batch` sequences a step (phase 2,
+    the larger micro-batch nanoGPT and llm.c use at this size; its own graphs), then the reference
+    is compiled and the six runs at `batch` are timed together (the last phase, whose figures
+    replace phase 1's). `write(out)` is called after each phase. `mfu_compiled` is ours at the
+    batch that gave the higher MFU (`mfu_compiled_batch`)."""
     cfg = gpt_config(**shape)
     torch.manual_seed(0)
     models = {name: build(cfg, name).to(device).train() for name in MODELS}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    tokens = torch.randint(4, cfg.vocab_size, (batch, cfg.max_len + 1), device=device)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    data: dict[int, tuple[Tensor, Tensor]] = {}
 
-    def stepper(model: nn.Module, runner: Callable) -> Callable[[], None]:
+    def windows(b: int) -> tuple[Tensor, Tensor]:
+        if b not in data:
+            tokens = torch.randint(4, cfg.vocab_size, (b, cfg.max_len + 1), device=device)
+            data[b] = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        return data[b]
+
+    def stepper(model: nn.Module, runner: Callable, b: int) -> Callable[[], None]:
         opt = make_optimizer(model, 6e-4, (0.9, 0.95), 1e-8, 0.1, device)
 
         def run() -> None:
+            x, y = windows(b)
             for _ in range(steps):
                 with autocast(device, True):
                     _, loss = runner(None, x, y)
@@ -105,43 +127,78 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
                 opt.zero_grad(set_to_none=True)
         return run
 
-    runs = {f"{name}_eager": stepper(m, m) for name, m in models.items()}
+    runs = {f"{name}_eager": stepper(m, m, batch) for name, m in models.items()}
+    batch_of = {name: batch for name in runs}
+    phases = [list(runs)]
     if compile_models:
-        runs.update({f"{name}_compiled": stepper(m, torch.compile(m)) for name, m in models.items()})
-        phases = [["ours_compiled", "nanogpt_style_compiled"], list(runs)]
-    else:
-        phases = [list(runs)]
+        # dynamic=False: the second batch size compiles its own static graph, as a run at that
+        # batch would, instead of turning the first into a dynamic-shape one.
+        compiled = {name: torch.compile(m, dynamic=False) for name, m in models.items()}
+        runs.update({f"{name}_compiled": stepper(m, compiled[name], batch) for name, m in models.items()})
+        first = ["ours_compiled", "nanogpt_style_compiled"]
+        phases = [first]
+        if large_batch and large_batch != batch:
+            large = {f"{name}_compiled_b{large_batch}": stepper(models[name], compiled[name], large_batch)
+                     for name in ("ours", "nanogpt_style")}
+            runs.update(large)
+            batch_of.update({name: large_batch for name in large})
+            phases.append(list(large))
+        phases.append([name for name in runs if batch_of.get(name, batch) == batch])
+    batch_of.update({name: batch for name in runs if name not in batch_of})
     flops = flops_per_token(cfg)
     peak, peak_source = peak_flops(device)
-    out = {"shape": shape, "batch": batch, "steps_per_timing": steps, "repeats": repeats, "params": params,
+    out = {"shape": shape, "batch": batch, "large_batch": large_batch if compile_models else None,
+           "steps_per_timing": steps, "repeats": repeats, "params": params,
            "flops_per_token": flops, "peak_flops_per_s": peak, "peak_source": peak_source,
            "warmup_and_compile_s": 0.0, "phases_done": 0}
+    if device.type == "cuda":
+        out["sdpa_enabled"] = {"flash": torch.backends.cuda.flash_sdp_enabled(),
+                               "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+                               "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                               "math": torch.backends.cuda.math_sdp_enabled()}
     warmed: set[str] = set()
     mode = "compiled" if compile_models else "eager"
     for phase in phases:
         start = time.perf_counter()
-        for name in phase:
-            if name not in warmed:
-                runs[name]()  # warm-up: compiles the compiled runners, fills the allocator's cache
-                warmed.add(name)
-        out["warmup_and_compile_s"] = round(out["warmup_and_compile_s"] + time.perf_counter() - start, 1)
+        try:
+            for name in phase:
+                if name not in warmed:
+                    runs[name]()  # warm-up: compiles the compiled runners, fills the allocator's cache
+                    warmed.add(name)
+        except torch.OutOfMemoryError as exc:  # a larger micro-batch than the device holds: say so, go on
+            out[f"phase_{out['phases_done'] + 1}_error"] = f"out of memory: {str(exc).splitlines()[0]}"
+            for name in phase:
+                runs.pop(name, None)
+            torch.cuda.empty_cache()
+            continue
+        finally:
+            out["warmup_and_compile_s"] = round(out["warmup_and_compile_s"] + time.perf_counter() - start, 1)
         timed = time_interleaved({n: runs[n] for n in phase}, repeats=repeats, warmup=0, device=device.type)["wall"]
         for name, seconds in timed.items():
-            tps = batch * cfg.max_len * steps / seconds
-            out[name] = {"step_ms": round(1000 * seconds / steps, 2), "tokens_per_s": round(tps),
-                         "mfu": round(flops * tps / peak, 4) if peak else None}
+            tps = batch_of[name] * cfg.max_len * steps / seconds
+            out[name] = {"batch": batch_of[name], "step_ms": round(1000 * seconds / steps, 2),
+                         "tokens_per_s": round(tps), "mfu": round(flops * tps / peak, 4) if peak else None}
         ratios = {"ours_over_nanogpt_style_step": ("ours", "nanogpt_style", mode),
                   "ours_over_reference_step": ("ours", "reference", mode),
                   "ours_over_nanogpt_style_step_eager": ("ours", "nanogpt_style", "eager"),
                   "ours_over_reference_step_eager": ("ours", "reference", "eager"),
                   "compiled_over_eager_step": ("ours", "ours", None)}
+        if large_batch:
+            ratios["ours_over_nanogpt_style_step_large_batch"] = ("ours", "nanogpt_style", f"compiled_b{large_batch}")
         for key, (a, b, m) in ratios.items():
             num, den = (f"{a}_compiled", f"{b}_eager") if m is None else (f"{a}_{m}", f"{b}_{m}")
             if num in timed and den in timed:
                 out[key] = round(timed[num] / timed[den], 3)
-        if "ours_compiled" in timed:
-            out["mfu_compiled"] = out["ours_compiled"]["mfu"]
+        ours = [n for n in runs if n.startswith("ours_compiled") and n in out]
+        if ours:
+            best = max(ours, key=lambda n: out[n]["mfu"] or 0.0)
+            out["mfu_compiled"], out["mfu_compiled_batch"] = out[best]["mfu"], out[best]["batch"]
         out["phases_done"] += 1
+        if device.type == "cuda" and "ours_compiled" in timed and "attention_kernels" not in out:
+            try:
+                out["attention_kernels"] = attention_kernels(runs["ours_compiled"])
+            except Exception as exc:  # noqa: BLE001 - the profiler is a diagnostic; the timings stand
+                out["attention_kernels"] = f"not read: {type(exc).__name__}: {exc}"
         if write is not None:
             write(out)
     return out
@@ -153,6 +210,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16, help="sequences of 1024 tokens per step")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps per timing")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--large-batch", type=int, default=32, help="compiled again at this batch (0: not)")
     args = p.parse_args()
 
     def write(out: dict) -> None:
@@ -161,7 +219,8 @@ def main() -> None:
         print(f"bench: phase {out['phases_done']} done: " + json.dumps(
             {k: v for k, v in out.items() if k.endswith(("_step", "_compiled", "_eager", "_s"))}), flush=True)
 
-    bench_gpt(GPT2_SMALL, torch.device("cuda"), args.batch, args.steps, args.repeats, compile_models=True, write=write)
+    bench_gpt(GPT2_SMALL, torch.device("cuda"), args.batch, args.steps, args.repeats, compile_models=True, write=write,
+              large_batch=args.large_batch or None)
 
 
 if __name__ == "__main__":

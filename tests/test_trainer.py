@@ -318,6 +318,26 @@ def test_lm_token_file_is_the_document_stream_memory_mapped_and_cached(tmp_path)
     assert len(list((tmp_path / "cache").glob("train-*.tokens"))) == 2 and changed[-4:].tolist() == [5, 6, 7, 3]
 
 
+def test_building_the_token_cache_leaves_a_concurrent_builders_temporary_alone(tmp_path):
+    """Runs side by side (the grid on a GPU) build the same cache file at once: one must not delete
+    the temporary another is still writing (seen on an H200: a run failed renaming it); a
+    temporary nobody has touched for STALE_TEMP_S was left by a killed builder and goes."""
+    from pipeline.training.batching import STALE_TEMP_S
+
+    shards, cache = lm_shards(tmp_path / "shards"), tmp_path / "cache"
+    manifest = read_manifest(shards)
+    built = Path(lm_token_file(shards, manifest, "train", cache).filename)
+    built.unlink()
+    writing, killed = cache / f".{built.name}.abc123.tmp", cache / f".{built.name}.old999.tmp"
+    writing.write_bytes(b"half")
+    killed.write_bytes(b"half")
+    old = killed.stat().st_mtime - 2 * STALE_TEMP_S
+    os.utime(killed, (old, old))
+    stream = lm_token_file(shards, manifest, "train", cache)
+    assert np.array_equal(stream, lm_stream(load_split(shards, manifest, "train"), eos_id=3))
+    assert writing.read_bytes() == b"half" and not killed.exists()
+
+
 def test_lm_windows_are_contiguous_disjoint_and_deterministic(tmp_path):
     shards = lm_shards(tmp_path / "shards")
     stream = lm_token_file(shards, read_manifest(shards), "train", tmp_path / "cache")

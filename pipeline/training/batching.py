@@ -12,9 +12,12 @@ every run, rank and variant shares one copy through the OS page cache.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import json
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +29,9 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.atomic import atomic_path
+
+# A token-cache temporary untouched this long was left by a killed builder (a live one writes on).
+STALE_TEMP_S = 600
 
 
 @dataclass
@@ -194,9 +200,15 @@ def lm_token_file(shards: Path, manifest: dict, split: str, cache_dir: Path) -> 
     if not path.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
         (cache_dir / ".gitignore").write_text("*\n")  # a rebuildable cache, never committed
-        # Concurrent builders (DDP ranks, queued DVC experiments) each write a temp file and rename
-        # it into place; the contents are identical, so whichever rename lands last is fine.
-        with atomic_path(path) as tmp, open(tmp, "wb") as out:
+        # Concurrent builders (DDP ranks, the grid's runs side by side, queued DVC experiments) each
+        # write a temp file and rename it into place; the contents are identical, so whichever
+        # rename lands last is fine. Another builder's temporary is never removed while it is
+        # being written: only one untouched for STALE_TEMP_S (its writer was killed).
+        for stale in cache_dir.glob(f".{glob.escape(path.name)}.*.tmp"):
+            with contextlib.suppress(OSError):
+                if time.time() - stale.stat().st_mtime > STALE_TEMP_S:
+                    stale.unlink()
+        with atomic_path(path, shared=True) as tmp, open(tmp, "wb") as out:
             for name in files:
                 for batch in _shard_batches(name, ["tgt_ids"]):
                     out.write(_with_eos(batch.column(0), manifest["eos_id"], dtype).tobytes())
