@@ -44,12 +44,114 @@ def uses_fused(device: torch.device, precision: str) -> bool:
 
 
 def make_optimizer(model: nn.Module, lr: float, betas, eps: float, weight_decay: float,
-                   device: torch.device, decay_embeddings: bool = False, precision: str = "fp32") -> torch.optim.AdamW:
-    # Not fused: the multi-tensor (foreach) path does the per-parameter loop's maths in far fewer
-    # kernel calls.
+                   device: torch.device, decay_embeddings: bool = False, precision: str = "fp32"):
+    """AdamW with the groups above: torch's fused kernel where `uses_fused`, else the multi-tensor
+    (foreach) update, which does the per-parameter loop's maths in far fewer kernel calls."""
     fused = uses_fused(device, precision)
     groups = param_groups(model, weight_decay, decay_embeddings)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused, foreach=not fused)
+    if fused:
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
+    return ForeachAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+
+
+class ForeachAdamW:
+    """torch.optim.AdamW(foreach=True)'s update (amsgrad, maximize, capturable off), bit for bit.
+
+    Why not torch's own: every torch.optim.Optimizer imports torch._dynamo, the compiler's
+    front end, when it is built and on its first step (their methods are wrapped to stay out of
+    compiled graphs), and that import is ~1.5 s of a CPU train stage's ~3 s fixed cost, paid by
+    every run of a study for nothing: an eager run never compiles. (A compiled run imports it
+    anyway, and a fused one keeps torch's class.) tests/test_optim.py checks the parameters and
+    moments against torch's for every step, and a save/resume.
+    """
+
+    def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float) -> None:
+        self.param_groups = [{**g, "params": list(g["params"]), "lr": lr, "initial_lr": lr, "betas": betas,
+                              "eps": eps} for g in groups]
+        self.state: dict[torch.Tensor, dict] = {}
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
+                if p not in self.state:
+                    self.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                     "exp_avg_sq": torch.zeros_like(p)}
+            beta1, beta2 = group["betas"]
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            grads = [p.grad for p in params]
+            states = [self.state[p] for p in params]
+            steps = [st["step"] for st in states]
+            avgs, sqs = [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states]
+            # torch's own order of operations, so the floats round alike.
+            torch._foreach_add_(steps, torch.tensor(1.0), alpha=1.0)
+            if wd != 0:
+                torch._foreach_mul_(params, 1 - lr * wd)
+            torch._foreach_lerp_(avgs, grads, 1 - beta1)
+            torch._foreach_mul_(sqs, beta2)
+            torch._foreach_addcmul_(sqs, grads, grads, 1 - beta2)
+            step_size = [(lr / (1 - beta1 ** s.item())) * -1 for s in steps]
+            bias2_sqrt = [(1 - beta2 ** s.item()) ** 0.5 for s in steps]
+            denom = torch._foreach_sqrt(sqs)
+            torch._foreach_div_(denom, bias2_sqrt)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_(params, avgs, denom, step_size)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self._params():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_dict(self) -> dict:
+        """torch's layout: state by parameter index, groups listing their indices."""
+        index = {p: i for i, p in enumerate(self._params())}
+        return {"state": {index[p]: {k: v.clone() for k, v in st.items()} for p, st in self.state.items()},
+                "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
+                                  "params": [index[p] for p in g["params"]]} for g in self.param_groups]}
+
+    def load_state_dict(self, saved: dict) -> None:
+        params = self._params()
+        groups = saved["param_groups"]
+        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError("optimizer state: its parameter groups do not match the model's")
+        for group, g in zip(self.param_groups, groups):
+            group.update({k: v for k, v in g.items() if k != "params"})
+        self.state = {params[int(i)]: {k: v.to(params[int(i)].device) if k != "step" else v.clone()
+                                       for k, v in st.items()} for i, st in saved["state"].items()}
+
+
+class LambdaSchedule:
+    """torch's LambdaLR for the optimizers above (each group's lr = its initial lr x fn(step)),
+    without torch.optim's scheduler, which accepts only torch's optimizers."""
+
+    def __init__(self, optimizer, fn) -> None:
+        self.optimizer, self.fn, self.last_epoch = optimizer, fn, -1
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.step()
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.fn(self.last_epoch)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        return self._last_lr
+
+    def state_dict(self) -> dict:
+        return {"last_epoch": self.last_epoch, "_last_lr": self._last_lr}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.last_epoch, self._last_lr = saved["last_epoch"], saved["_last_lr"]
 
 
 def lr_factor(step: int, schedule: str, warmup: int, total: int, floor: float) -> float:
@@ -69,5 +171,8 @@ def lr_factor(step: int, schedule: str, warmup: int, total: int, floor: float) -
 
 
 def make_scheduler(optimizer, schedule: str, warmup: int, total: int, floor: float):
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, schedule, warmup, total, floor))
+    def factor(step: int) -> float:
+        return lr_factor(step, schedule, warmup, total, floor)
+    if isinstance(optimizer, ForeachAdamW):
+        return LambdaSchedule(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
