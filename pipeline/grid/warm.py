@@ -5,8 +5,8 @@
                                                      # the server alone (what warm_starts starts)
 
 A stage of a small study is over in seconds, and a new Python process pays 1-2.5 s of it before
-the stage's first line: torch, torch._dynamo (AdamW's step imports it), mlflow, pandas, scipy, and
-~1.2 s more at exit tearing those modules down. The grid launcher (python -m pipeline.grid, -j 1
+the stage's first line: torch, mlflow, pandas, scipy, and ~1.2 s more at exit tearing those
+modules down. The grid launcher (python -m pipeline.grid, -j 1
 too) starts this server for the length of a study and puts a `python` of its own (shim.py) first
 on PATH. A stage's command, unchanged in dvc.yaml (`python -m pipeline.train ...`, so dvc.lock and
 the run-cache do not change), reaches that `python`, which hands it to the server: a child forked
@@ -60,7 +60,8 @@ from pipeline.grid.shim import STAGES, fingerprint, limits, recv, send, write_sh
 # The server imports the stage modules (and so what they import at the top), then what they import
 # later, inside functions (benchmarks/stage_overhead.py lists it per stage), then forgets our own
 # modules: only third-party ones stay. One that fails to import is left to the stage.
-LATER = ("torch._dynamo", "mlflow", "mlflow.tracking", "mlflow.entities", "sacrebleu", "sqlalchemy")
+# (Not torch._dynamo: only a compiled run imports it now that the train stage steps its own AdamW.)
+LATER = ("mlflow", "mlflow.tracking", "mlflow.entities", "sacrebleu", "sqlalchemy")
 # -- the server ---------------------------------------------------------------------------------
 
 def _warm_imports() -> set[str]:
