@@ -41,7 +41,8 @@ from pathlib import Path
 from pipeline.atomic import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDY, RECIPE, SEED = "nanogpt_shakespeare_char", "nanogpt_shakespeare_char_gpu", "tiny_shakespeare"
+# The parts that run a whole study, and their presets.
+STUDY_PARTS = {"recipe": "nanogpt_shakespeare_char_gpu", "study": "nanogpt_shakespeare_char", "seed": "tiny_shakespeare"}
 # Seconds per part, and for all parts together: with set-up (<= 30 s) and start-up the whole
 # `bash run.sh gpu` stays under 9 minutes, inside a 15-minute device window with its machine start.
 # In the order they run: the figures the GPU issue asks for first (the recipe's, then the study's,
@@ -247,18 +248,17 @@ def study_figures(out: Path, prefix: str) -> Callable[[str], dict]:
 def gpu_parts(scratch: Path, args) -> list[Part]:
     py = sys.executable
     bench_json = scratch / "bench.json"
-    study = {name: (scratch / "studies" / name) for name in (STUDY, RECIPE, SEED)}
-    env = {name: {"STUDY_OUT": str(path), "TMPDIR": str(scratch)} for name, path in study.items()}
     parts = {
         "tests": Part("tests", [py, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "--durations=0",
                                 "tests/test_gpu.py", "tests/test_warm.py"], gpu_test_counts),
         "bench": Part("bench", [py, "-m", "benchmarks.gpu_bench", "--result", str(bench_json),
                                 "--batch", str(args.batch), "--large-batch", str(args.large_batch),
                                 "--steps", str(args.steps), "--repeats", str(args.repeats)], bench_figures(bench_json)),
-        "recipe": Part("recipe", ["bash", "scripts/study.sh", RECIPE], study_figures(study[RECIPE], "recipe"), env[RECIPE]),
-        "study": Part("study", ["bash", "scripts/study.sh", STUDY], study_figures(study[STUDY], "study"), env[STUDY]),
-        "seed": Part("seed", ["bash", "scripts/study.sh", SEED], study_figures(study[SEED], "seed"), env[SEED]),
     }
+    for part, preset in STUDY_PARTS.items():  # each a whole study (scripts/study.sh) into the scratch folder
+        out = scratch / "studies" / preset
+        parts[part] = Part(part, ["bash", "scripts/study.sh", preset], study_figures(out, part),
+                           {"STUDY_OUT": str(out), "TMPDIR": str(scratch)})
     return [parts[name] for name in LIMITS]
 
 
@@ -330,7 +330,7 @@ def main() -> None:
         parts = [part for part in gpu_parts(scratch, args) if part.name in wanted]
 
         def after(name: str) -> None:
-            if name in ("study", "recipe", "seed"):
+            if name in STUDY_PARTS:
                 pack_studies(scratch, out.parent / "studies.tar.gz")
         result = run_parts(parts, limits, args.deadline, out, base, after)
     print(summary(result))

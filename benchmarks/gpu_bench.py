@@ -128,23 +128,24 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
         return run
 
     runs = {f"{name}_eager": stepper(m, m, batch) for name, m in models.items()}
-    batch_of = {name: batch for name in runs}
+    large: dict[str, Callable[[], None]] = {}  # the runs at large_batch; every other run is at batch
     phases = [list(runs)]
     if compile_models:
         # dynamic=False: the second batch size compiles its own static graph, as a run at that
         # batch would, instead of turning the first into a dynamic-shape one.
         compiled = {name: torch.compile(m, dynamic=False) for name, m in models.items()}
         runs.update({f"{name}_compiled": stepper(m, compiled[name], batch) for name, m in models.items()})
-        first = ["ours_compiled", "nanogpt_style_compiled"]
-        phases = [first]
+        phases = [["ours_compiled", "nanogpt_style_compiled"]]
         if large_batch and large_batch != batch:
             large = {f"{name}_compiled_b{large_batch}": stepper(models[name], compiled[name], large_batch)
                      for name in ("ours", "nanogpt_style")}
-            runs.update(large)
-            batch_of.update({name: large_batch for name in large})
             phases.append(list(large))
-        phases.append([name for name in runs if batch_of.get(name, batch) == batch])
-    batch_of.update({name: batch for name in runs if name not in batch_of})
+        phases.append(list(runs))  # all six at `batch`
+        runs.update(large)
+
+    def batch_of(name: str) -> int:
+        return large_batch if name in large else batch
+
     flops = flops_per_token(cfg)
     peak, peak_source = peak_flops(device)
     out = {"shape": shape, "batch": batch, "large_batch": large_batch if compile_models else None,
@@ -175,8 +176,8 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
             out["warmup_and_compile_s"] = round(out["warmup_and_compile_s"] + time.perf_counter() - start, 1)
         timed = time_interleaved({n: runs[n] for n in phase}, repeats=repeats, warmup=0, device=device.type)["wall"]
         for name, seconds in timed.items():
-            tps = batch_of[name] * cfg.max_len * steps / seconds
-            out[name] = {"batch": batch_of[name], "step_ms": round(1000 * seconds / steps, 2),
+            tps = batch_of(name) * cfg.max_len * steps / seconds
+            out[name] = {"batch": batch_of(name), "step_ms": round(1000 * seconds / steps, 2),
                          "tokens_per_s": round(tps), "mfu": round(flops * tps / peak, 4) if peak else None}
         ratios = {"ours_over_nanogpt_style_step": ("ours", "nanogpt_style", mode),
                   "ours_over_reference_step": ("ours", "reference", mode),

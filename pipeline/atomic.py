@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,21 +35,25 @@ from typing import Any, NoReturn
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, needed: int | None = None, shared: bool = False) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, needed: int | None = None,
+                stale_after_s: float | None = None) -> Iterator[Path]:
     """Yield a temporary path next to `path`; rename it onto `path` if the block succeeds.
 
     Works for files and directories: whatever the block creates at the temporary path replaces
     `path` as a whole. On error the temporary file or directory is removed; an error caused by a
     full disk is raised as DiskFull naming the output (`needed`: its size in bytes, if known).
-    `shared`: other processes may be writing the same output at the same time (a cache every run
-    builds), so their temporaries are left alone; the caller sweeps stale ones itself.
+    `stale_after_s`: for an output several processes may write at once (a cache every run
+    builds), only temporaries untouched that long are stale; another writer's live one is kept.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A write killed mid-way (SIGKILL skips the cleanup below) left its temporary: one writer per
-    # output path, so whatever is there now is stale.
-    for stale in [] if shared else path.parent.glob(f".{glob.escape(path.name)}.*.tmp*"):
-        _remove(stale)
+    # A write killed mid-way (SIGKILL skips the cleanup below) left its temporary: with one writer
+    # per output path, whatever is there now is stale.
+    now = time.time()
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp*"):
+        with contextlib.suppress(OSError):  # another writer may rename or remove it meanwhile
+            if stale_after_s is None or now - stale.lstat().st_mtime > stale_after_s:
+                _remove(stale)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)

@@ -54,8 +54,8 @@ def planned_loops(folder: Path, cal: calibration.Calibration, peak: float) -> di
 # every figure fitted to the other studies (the training time model and the stage costs, warm or
 # cold as the study ran). Errors as of this writing: cnn_dailymail_cpu +20%, multi30k_comparisons_cpu
 # -5%, multi30k_cpu +21%, nanogpt_shakespeare_char -9%, tiny_shakespeare (S1 at its own size) -24%,
-# tiny_shakespeare_cpu -18%, tinystories_cpu +12%. (With multi30k_comparisons_cpu from an earlier, slower day, multi30k_cpu was +31%: the
-# machine's speed moves between days, and the fit cannot tell.)
+# tiny_shakespeare_cpu -18%, tinystories_cpu +12%. (With multi30k_comparisons_cpu from an earlier,
+# slower day, multi30k_cpu was +31%: the machine's speed moves between days, and the fit cannot tell.)
 @pytest.mark.parametrize("folder", STUDIES, ids=[f.name for f in STUDIES])
 def test_study_wall_within_tolerance(folder):
     cal, peak = fitted_without(folder / "report.md")

@@ -6,9 +6,8 @@
 
 A stage of a small study is over in seconds, and a new Python process pays 1-2.5 s of it before
 the stage's first line: torch, mlflow, pandas, scipy, and ~1.2 s more at exit tearing those
-modules down. The grid launcher (python -m pipeline.grid, -j 1
-too) starts this server for the length of a study and puts a `python` of its own (shim.py) first
-on PATH. A stage's command, unchanged in dvc.yaml (`python -m pipeline.train ...`, so dvc.lock and
+modules down. The grid launcher (python -m pipeline.grid, -j 1 too) starts this server for the
+length of a study and puts a `python` of its own (shim.py) first on PATH. A stage's command, unchanged in dvc.yaml (`python -m pipeline.train ...`, so dvc.lock and
 the run-cache do not change), reaches that `python`, which hands it to the server: a child forked
 from the server takes the command's arguments, working directory, environment and standard
 streams, imports our own code afresh (an edit is seen) and runs the module as `python -m` would.

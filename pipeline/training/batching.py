@@ -12,12 +12,9 @@ every run, rank and variant shares one copy through the OS page cache.
 """
 from __future__ import annotations
 
-import contextlib
-import glob
 import hashlib
 import json
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -204,11 +201,7 @@ def lm_token_file(shards: Path, manifest: dict, split: str, cache_dir: Path) -> 
         # write a temp file and rename it into place; the contents are identical, so whichever
         # rename lands last is fine. Another builder's temporary is never removed while it is
         # being written: only one untouched for STALE_TEMP_S (its writer was killed).
-        for stale in cache_dir.glob(f".{glob.escape(path.name)}.*.tmp"):
-            with contextlib.suppress(OSError):
-                if time.time() - stale.stat().st_mtime > STALE_TEMP_S:
-                    stale.unlink()
-        with atomic_path(path, shared=True) as tmp, open(tmp, "wb") as out:
+        with atomic_path(path, stale_after_s=STALE_TEMP_S) as tmp, open(tmp, "wb") as out:
             for name in files:
                 for batch in _shard_batches(name, ["tgt_ids"]):
                     out.write(_with_eos(batch.column(0), manifest["eos_id"], dtype).tobytes())

@@ -66,8 +66,7 @@ class ForeachAdamW:
     """
 
     def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float) -> None:
-        self.param_groups = [{**g, "params": list(g["params"]), "lr": lr, "initial_lr": lr, "betas": betas,
-                              "eps": eps} for g in groups]
+        self.param_groups = [{**g, "params": list(g["params"]), "lr": lr, "betas": betas, "eps": eps} for g in groups]
         self.state: dict[torch.Tensor, dict] = {}
 
     def _params(self) -> list[torch.Tensor]:
@@ -124,8 +123,11 @@ class ForeachAdamW:
             raise ValueError("optimizer state: its parameter groups do not match the model's")
         for group, g in zip(self.param_groups, groups):
             group.update({k: v for k, v in g.items() if k != "params"})
-        self.state = {params[int(i)]: {k: v.to(params[int(i)].device) if k != "step" else v.clone()
-                                       for k, v in st.items()} for i, st in saved["state"].items()}
+        self.state = {}
+        for i, st in saved["state"].items():
+            p = params[int(i)]
+            self.state[p] = {"step": st["step"].clone(), "exp_avg": st["exp_avg"].to(p.device),
+                             "exp_avg_sq": st["exp_avg_sq"].to(p.device)}
 
 
 class LambdaSchedule:
