@@ -3,7 +3,8 @@
 #   bash run.sh          set up .venv, then run the whole pipeline (offline): `python -m pipeline.grid`,
 #                        the independent stages side by side through DVC (-j auto: the cores, or GPUs x
 #                        runs per GPU); `bash run.sh repro -j 1` is a serial `dvc repro`; both serve
-#                        each stage warm (pipeline/grid/warm.py), `--cold` for a plain `dvc repro`
+#                        each stage warm (pipeline/grid/warm.py; a plain `dvc repro` does too after
+#                        its first stage, pipeline/grid/auto.py), `--cold` for new processes
 #   bash run.sh test     set up .venv, then run the full CPU test suite
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
 #   bash run.sh study P  set up .venv, then rerun preset P's committed study report from scratch

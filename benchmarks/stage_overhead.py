@@ -153,6 +153,7 @@ def make_project(path: Path, params: dict | None, code: Path) -> dict:
     from tests.tiny_project import tiny_params
 
     env = tiny_project(path, params or tiny_params(knockout={"seeds": [0]}))
+    env["ABLATION_LAB_WARM"] = "0"  # a cold stage's costs: no warm server (pipeline/grid/auto.py)
     if code != ROOT:
         for name in ("model", "pipeline"):
             shutil.rmtree(path / name)

@@ -7,3 +7,9 @@ Shared      params (the params.yaml schema), atomic (temp file + rename), tracki
 Rooms       sources/ (datasets, used by download), training/ (the engine of train and evaluate),
             scoring/ (task metrics and output checks of evaluate), reporting/ (the report's engine)
 """
+import sys as _sys
+
+if _sys.argv[:1] == ["-m"]:  # `python -m pipeline.<module>`, before the module runs (and imports torch)
+    from pipeline.grid.auto import engage as _engage
+
+    _engage()  # under `dvc repro`: served by a warm server, or starts one (pipeline/grid/auto.py)

@@ -4,7 +4,7 @@
     python -m pipeline.plan --device h100 --mfu 0.4  # or a100 | 4090: datasheet peak x MFU
     python -m pipeline.plan --params presets/tinystories.yaml --device 4090 --json
     python -m pipeline.plan --jobs 2                 # the study's wall with two stages at a time
-    python -m pipeline.plan --cold                   # ... as a plain `dvc repro` runs it (no warm starts)
+    python -m pipeline.plan --cold                   # ... each stage a new process (ABLATION_LAB_WARM=0)
 
 Not a DVC stage: it reads params.yaml (and, where they exist, the encode stage's manifest and the
 committed study reports) and writes nothing. Per variant (and scale point) and in total it prints
@@ -25,8 +25,8 @@ Design decisions:
 - The study: every stage dvc.yaml lays out (data stages, train, evaluate, knock-outs, report),
   each the training loop above plus its family's fixed cost, or its family's measured seconds per
   stage, as the committed studies' run.json measured them (`stage_s`), scheduled on --jobs slots
-  as the grid launcher runs them (pipeline/planning/study.py), warm (--cold: as a plain `dvc repro`
-  runs them, each a new process). --jobs 1 is `python -m pipeline.grid -j 1`, a serial `dvc repro`.
+  as the grid launcher runs them (pipeline/planning/study.py), warm (as the launcher and, after its
+  first stage, a plain `dvc repro` run them; --cold: each a new process). --jobs 1 is `python -m pipeline.grid -j 1`, a serial `dvc repro`.
 - The train stage's own validation passes are in the measured CPU walls only.
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ def study_text(study: dict) -> str:
              f"train stages' fixed cost {fmt_time(fam['train']['seconds'] - fam['train']['loop_seconds'])}"]
     parts += [f"{name} {fam[name]['stages']} x {fmt_time(fam[name]['seconds'] / fam[name]['stages'])}"
               for name in ("evaluate", "knockout", "data", "report") if name in fam]
-    how = "warm starts (the grid launcher)" if study["warm"] else "cold (a plain `dvc repro`)"
+    how = "warm starts (the grid launcher, a plain `dvc repro`)" if study["warm"] else "cold (each stage a new process)"
     line = (f"Study wall: **{fmt_time(study['wall_s'])}** at --jobs {study['jobs']}, {how} "
             f"({study['stages']} stages; serial: {fmt_time(study['serial_s'])} = {', '.join(parts)})")
     if study["loop_slowdown"] > 1:
@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", "-j", type=int, default=1,
                         help="stages at a time, as `python -m pipeline.grid -j N` runs them (default 1: serial)")
     parser.add_argument("--cold", action="store_true",
-                        help="stages as a plain `dvc repro` runs them, each a new process (default: the grid "
-                        "launcher's warm starts on a CPU; a GPU --device is planned cold, as the launcher runs it)")
+                        help="each stage a new process, as `ABLATION_LAB_WARM=0 dvc repro` or --cold runs them (default: "
+                        "warm starts on a CPU, the launcher's and a plain `dvc repro`'s; a GPU --device is planned cold)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     parser.add_argument("--brief", action="store_true", help="one line: runs, time, memory")
     args = parser.parse_args(argv)

@@ -38,6 +38,21 @@ def _private_cache(tmp_path_factory):
         os.environ["ABLATION_LAB_CACHE"] = old
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cold_stages():
+    """A `dvc repro` a test runs starts no warm server of its own (pipeline/grid/auto.py): dozens of
+    small studies would each import torch and the rest once more beside the suite. The warm path
+    is tested where it is the subject: tests/test_warm_auto.py (plain `dvc repro`, against cold)
+    and tests/test_warm.py (the launcher's)."""
+    old = os.environ.get("ABLATION_LAB_WARM")
+    os.environ["ABLATION_LAB_WARM"] = "0"
+    yield
+    if old is None:
+        del os.environ["ABLATION_LAB_WARM"]
+    else:
+        os.environ["ABLATION_LAB_WARM"] = old
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -81,7 +81,8 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("warm")
     (root / "pipeline" / "grid").mkdir(parents=True)
     for name in ("pipeline/__init__.py", "pipeline/atomic.py", "pipeline/grid/__init__.py", "pipeline/grid/warm.py",
-                 "pipeline/grid/shim.py", "pipeline/grid/lifeline.py", "pipeline/grid/fresh.py"):
+                 "pipeline/grid/shim.py", "pipeline/grid/lifeline.py", "pipeline/grid/fresh.py",
+                 "pipeline/grid/auto.py"):
         shutil.copy(ROOT / name, root / name)
     (root / "pipeline" / "report.py").write_text(FAKE_STAGE)
     (root / "pipeline" / "train.py").write_text(SIDE_EFFECTS)

@@ -19,7 +19,9 @@
 3. Warm starts (pipeline/grid/warm.py): for the length of the study a server holds torch, mlflow
    and the rest imported, and each stage's command (unchanged in dvc.yaml) runs in a fork of it,
    instead of paying 1-2.5 s of imports in a new process (and ~1 s of exit); what it served is in
-   .dvc/tmp/grid/warm.log. --cold turns it off: each stage a new process, a plain `dvc repro`.
+   .dvc/tmp/grid/warm.log. --cold turns it off: each stage a new process (as
+   `ABLATION_LAB_WARM=0 dvc repro`; a plain `dvc repro` serves its stages warm by itself after
+   the first one, pipeline/grid/auto.py, which the launcher's DVC processes are told not to do).
    Off by default on a GPU machine, where it was measured not to pay (docs/scaling-out-and-cost-plan.md).
 4. Nothing outlives the launcher (signals.py, lifeline.py): Ctrl-C, SIGTERM and SIGHUP end the
    running stages, the server and its folder before the launcher ends by the same signal; a

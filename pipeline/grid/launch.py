@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.grid import signals
+from pipeline.grid.auto import SETTING as AUTO_WARM
 from pipeline.grid.dag import Task
 from pipeline.grid.lifeline import end_groups
 
@@ -108,6 +109,7 @@ class Launcher:
         task.attempts += 1
         log = self.log_dir / (task.stages[0].replace("/", "_") + ".log")
         env = dict(os.environ)
+        env[AUTO_WARM] = "0"  # the launcher decides warm or cold, not each stage (pipeline/grid/auto.py)
         if threads and self.threads_env and self.threads_env not in os.environ:
             env[self.threads_env] = str(threads)
         if not direct:  # a direct run's output is the terminal's, not a log's

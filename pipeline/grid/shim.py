@@ -154,11 +154,11 @@ def shim(socket_path: str, same: str | None, server_python: str) -> None:
         os._exit(127)
     command = stage_command([name, *args])
     if command and real == same and not any(k in env for k in TORCHRUN):
-        _serve(socket_path, command, env, server_python)  # returns when it cannot be served exactly
+        hand_over(socket_path, command, env, server_python)  # returns when it cannot be served exactly
     os.execve(real, [real, *args], env)
 
 
-def _serve(path: str, command: tuple[str, list[str]], env: dict, executable: str) -> None:
+def hand_over(path: str, command: tuple[str, list[str]], env: dict, executable: str) -> None:
     """Run the command in the server and exit as it did; return (run it the ordinary way) when it
     cannot be served exactly."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

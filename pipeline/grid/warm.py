@@ -52,6 +52,7 @@ import threading
 import time
 import traceback
 
+from pipeline.grid.auto import SETTING
 from pipeline.grid.fresh import NAMED_THREADS, fresh_state, restore, threads, threads_not_forkable
 from pipeline.grid.lifeline import die_with_parent
 from pipeline.grid.shim import STAGES, fingerprint, limits, recv, send, write_shims
@@ -121,12 +122,23 @@ def _cuda_in_a_fork(timeout_s: float = 120) -> bool:
     return False
 
 
-def serve(path: str, tie: int | None = None, on_term=None) -> None:
+def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = None,
+          idle_s: float | None = None) -> None:
     """Serve commands on `path` until SIGTERM (`on_term`, else SystemExit) or, given `tie`
-    (lifeline.py), until it ends."""
+    (lifeline.py), until it ends. Given `watch` (the pid of the `dvc repro` whose stage started
+    it, auto.py): until that process ends, or no stage has been served or is running for `idle_s`;
+    the socket then appears only once the imports are done (a stage that comes sooner runs cold
+    rather than wait for them)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)  # commands that connect now wait for the imports below, not fail
+    pidfd = _pidfd(watch) if watch is not None else None
+    if watch is not None and not _alive(watch):
+        print(f"warm: dvc (pid {watch}) has already ended; stopping", flush=True)
+        return
+    # Launcher: commands that connect now wait for the imports below, not fail. Watching a DVC:
+    # bound under another name now (a path the kernel refuses fails before the imports), renamed
+    # into place once they are done, so that a stage never waits for them.
+    listener.bind(path if watch is None else path + ".new")
+    listener.listen(64)
     me = fingerprint(os.environ)  # before the imports, as a command sees it before its own
     me["limits"] = limits()
     fresh = fresh_state()
@@ -141,6 +153,11 @@ def serve(path: str, tie: int | None = None, on_term=None) -> None:
     if not why_not and os.path.isdir("/proc/driver/nvidia/gpus") and not _cuda_in_a_fork():
         why_not = "a process forked from this one cannot use CUDA"
     serving = not why_not
+    if watch is not None and why_not:  # stages come by themselves: they run cold without asking
+        print(f"warm: not serving ({why_not}); stopping", flush=True)
+        return
+    if watch is not None:
+        os.rename(path + ".new", path)
     print(f"warm: ready, {len(sys.modules)} modules imported, {len(threads())} native thread(s) "
           f"({len(named)} named), {threading.active_count()} Python thread(s)"
           + (f": not serving ({why_not})" if why_not else ""), flush=True)
@@ -151,17 +168,55 @@ def serve(path: str, tie: int | None = None, on_term=None) -> None:
     server = os.getpid()
     if tie is not None:
         os.set_inheritable(tie, False)  # the server's alone, not a stage's subprocesses'
-    waits = [listener] + ([tie] if tie is not None else [])
+    waits = [listener] + [fd for fd in (tie, pidfd) if fd is not None]
+    handlers: set[int] = set()
+    last = time.monotonic()
     while True:
-        ready, _, _ = select.select(waits, [], [])
-        if tie in ready:  # end of file: the launcher is gone, however it went
+        wait = 1.0 if watch is not None else None  # the idle clock; a watched pid without a pidfd
+        ready, _, _ = select.select(waits, [], [], wait)
+        if tie is not None and tie in ready:  # end of file: the launcher is gone, however it went
             print("warm: the launcher is gone; stopping", flush=True)
             return
+        if watch is not None:
+            if (pidfd in ready) if pidfd is not None else not _alive(watch):
+                print(f"warm: dvc (pid {watch}) has ended; stopping", flush=True)
+                return
+            handlers = {pid for pid in handlers if _alive(pid)}
+            if handlers:
+                last = time.monotonic()
+            elif idle_s is not None and time.monotonic() - last > idle_s:
+                print(f"warm: no stage for {idle_s:.0f} s; stopping", flush=True)
+                return
+        if listener not in ready:
+            continue
         conn, _ = listener.accept()
-        if os.fork() == 0:
+        pid = os.fork()
+        if pid == 0:
             listener.close()
             _handle(conn, me, serving, rng, fresh, server)  # never returns: the handler and the stage exit
+        handlers.add(pid)
+        last = time.monotonic()
         conn.close()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that reads ready when `pid` ends (Linux >= 5.3); None: poll it with _alive."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def _handle(conn: socket.socket, me: dict, serving: bool, rng, fresh: dict, server: int) -> None:
@@ -314,13 +369,18 @@ def warm_starts(log=None, lifeline=None):
         if tie is not None:
             os.close(tie)  # the server's now
             lifeline.group(server.pid)
-    old = os.environ.get("PATH", "")
+    old, setting = os.environ.get("PATH", ""), os.environ.get(SETTING)
     try:
         write_shims(folder, path)
         os.environ["PATH"] = folder + os.pathsep + old
+        os.environ[SETTING] = "0"  # this server serves them: no stage starts one of its own (auto.py)
         yield
     finally:
         os.environ["PATH"] = old
+        if setting is None:
+            os.environ.pop(SETTING, None)
+        else:
+            os.environ[SETTING] = setting
         stop_server(server, path)
         shutil.rmtree(folder, ignore_errors=True)
         if lifeline is not None:
@@ -364,10 +424,11 @@ def stop_server(server, path: str) -> None:
 
 
 def _serve_main(argv: list[str]) -> None:
-    """--serve SOCKET [--lifeline FD] [--parent PID] [--folder DIR]"""
+    """--serve SOCKET [--lifeline FD] [--parent PID] [--folder DIR] [--watch PID --idle S]"""
     path, options = argv[1], dict(zip(argv[2::2], argv[3::2]))
-    if set(options) - {"--lifeline", "--parent", "--folder"} or len(argv) % 2:
-        raise SystemExit(f"warm: --serve takes SOCKET [--lifeline FD] [--parent PID] [--folder DIR], got {argv[1:]}")
+    if set(options) - {"--lifeline", "--parent", "--folder", "--watch", "--idle"} or len(argv) % 2:
+        raise SystemExit(f"warm: --serve takes SOCKET [--lifeline FD] [--parent PID] [--folder DIR] "
+                         f"[--watch PID --idle S], got {argv[1:]}")
     pid = os.getpid()
 
     def quit_now(*_):  # not SystemExit: an import's bare `except:` would swallow it
@@ -382,8 +443,18 @@ def _serve_main(argv: list[str]) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if "--parent" in options:  # the launcher gone before this line: stop at once
         die_with_parent(signal.SIGTERM, int(options["--parent"]))
+    if "--watch" in options and "--folder" in options:  # started by a stage under `dvc repro` (auto.py)
+        from pipeline.grid.auto import sweep
+
+        sweep(os.path.dirname(options["--folder"]))
     try:
-        serve(path, int(options["--lifeline"]) if "--lifeline" in options else None, quit_now)
+        serve(path, int(options["--lifeline"]) if "--lifeline" in options else None, quit_now,
+              watch=int(options["--watch"]) if "--watch" in options else None,
+              idle_s=float(options["--idle"]) if "--idle" in options else None)
+    except BaseException:
+        if os.getpid() == pid:  # into the log: quit_now below leaves without Python's own report
+            traceback.print_exc()
+        raise
     finally:
         if os.getpid() == pid:  # not in a forked stage unwinding through here
             quit_now()

@@ -17,7 +17,8 @@ seconds, scheduled on `jobs` slots as the grid launcher runs them.
 - Each figure is the median over the committed studies that measured it: one study run while the
   machine was busy moves it little.
 - Warm or cold: the grid launcher serves each stage from a warm server (pipeline/grid/warm.py),
-  which takes a stage's imports and interpreter exit off its cost; a plain `dvc repro` does not.
+  which takes a stage's imports and interpreter exit off its cost; so does a plain `dvc repro`
+  after its first stage (pipeline/grid/auto.py); ABLATION_LAB_WARM=0 and --cold do not.
   The figures come from the committed studies run the same way (run.json `warm`); a family that
   no such study timed takes the cold figure, an upper bound.
 - Concurrency: list scheduling on `jobs` slots, dependencies as in dvc.yaml (the data stages in a

@@ -1,0 +1,195 @@
+"""Warm starts under a plain `dvc repro` (pipeline/grid/auto.py): the first stage starts a server
+for its DVC process, the next stages are served by it; the study is the study run cold, and the
+server ends with DVC however DVC ends, leaving no process and no folder. Off where asked
+(ABLATION_LAB_WARM=0), on a GPU machine, under the grid launcher, and outside DVC."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipeline.grid import auto
+from tests.test_grid_lifetime import MARK, kill_all, lines_of, study_processes, wait_for_line, wait_until
+from tests.test_warm import output_hashes, stage_stderr
+from tests.tiny_project import ROOT, TINY, copy_project, make_project, project_env, sh, tiny_params
+
+
+def plain_env(project: Path, temp: Path, mark: str = "", **extra) -> dict[str, str]:
+    """The environment a user's shell gives `dvc repro`: no ABLATION_LAB_WARM (the suite sets 0)."""
+    env = {**project_env(project), "TMPDIR": str(temp), MARK: mark or uuid.uuid4().hex}
+    env.pop(auto.SETTING, None)
+    env.pop("ABLATION_LAB_GPU_COUNT", None)
+    return {**env, **extra}
+
+
+@pytest.fixture
+def short_temp():
+    """A temp dir of its own, its path short (pytest's are too long for a socket: auto.folder_for
+    would fall back to /tmp, where this test could not tell the server's folder from others')."""
+    made = []
+
+    def make() -> Path:
+        made.append(Path(tempfile.mkdtemp(prefix="aw-", dir="/tmp")))
+        return made[-1]
+    yield make
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def ours(temp: Path) -> list[str]:
+    return [p.name for p in temp.iterdir() if p.name.startswith(auto.PREFIX)]
+
+
+def test_it_is_on_under_dvc_on_a_cpu_machine_and_off_where_asked(monkeypatch):
+    monkeypatch.setattr(os.path, "isdir", lambda path: False)  # no NVIDIA driver
+    assert auto.wanted({"DVC_STAGE": "train@baseline-0"})
+    assert not auto.wanted({})  # a stage run by hand
+    assert not auto.wanted({"DVC_STAGE": "x", auto.SETTING: "0"})
+    assert not auto.wanted({"DVC_STAGE": "x", "ABLATION_LAB_GPU_COUNT": "1"})  # a GPU machine: cold
+    assert auto.wanted({"DVC_STAGE": "x", "ABLATION_LAB_GPU_COUNT": "1", auto.SETTING: "1"})
+
+
+def test_a_temp_dir_too_long_for_a_socket_falls_back_to_tmp(monkeypatch):
+    monkeypatch.setenv("TMPDIR", "/tmp/" + "x" * 90)
+    assert os.path.dirname(auto.folder_for((123, "456"))) == "/tmp"
+    monkeypatch.setenv("TMPDIR", "/var/tmp")
+    assert os.path.dirname(auto.folder_for((123, "456"))) == "/var/tmp"
+
+
+def test_a_stage_not_started_by_dvc_starts_no_server(tmp_path):
+    """DVC_STAGE set, but the parent is not DVC (here: this test): the stage runs cold, alone."""
+    env = {**os.environ, "DVC_STAGE": "check_params", "TMPDIR": str(tmp_path)}
+    env.pop(auto.SETTING, None)
+    run = subprocess.run([sys.executable, "-m", "pipeline.check_params", "--help"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "usage" in run.stdout
+    assert ours(tmp_path) == []
+
+
+def test_the_launcher_tells_its_dvc_processes_not_to_start_one(tmp_path):
+    from pipeline.grid.dag import Task
+    from pipeline.grid.launch import Launcher
+
+    out = tmp_path / "setting"
+    code = f"import os; open({str(out)!r}, 'w').write(os.environ.get('ABLATION_LAB_WARM', 'unset'))"
+    launcher = Launcher(1, tmp_path, 1, None)
+    launcher.start(Task(["x"]), [sys.executable, "-c", code], None, direct=True).proc.wait(timeout=60)
+    assert out.read_text() == "0"
+
+
+@pytest.mark.slow
+def test_a_plain_dvc_repro_is_the_study_cold_and_leaves_nothing(tmp_path, short_temp):
+    """The tiny study by `dvc repro`, warm by itself and cold (ABLATION_LAB_WARM=0): the same
+    output hashes (but for files holding clocks) and stage stderr; the warm one's stages after the
+    first were served; once DVC returns, no process of it and no folder are left within 5 s."""
+    results, stderr = {}, {}
+    for mode in ("warm", "cold"):
+        project, temp = tmp_path / mode, short_temp()
+        make_project(project, tiny_params(seeds=[0]))
+        mark = uuid.uuid4().hex
+        env = plain_env(project, temp, mark, **({auto.SETTING: "0"} if mode == "cold" else {}))
+        run = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert wait_until(lambda: not study_processes(mark), 5), study_processes(mark)
+        assert wait_until(lambda: not ours(temp), 5), ours(temp)
+        results[mode], stderr[mode] = project, run.stderr
+    warm, cold = (output_hashes(results[m]) for m in ("warm", "cold"))
+    assert set(warm) == set(cold)
+    assert sorted(path for path in warm if warm[path] != cold[path]) == []
+    assert stage_stderr(stderr["warm"]) == stage_stderr(stderr["cold"])
+    log = (results["warm"] / ".dvc/tmp/warm.log").read_text()
+    assert log.count("served pipeline.evaluate (") == 2 and "served pipeline.report (" in log, log + stderr["warm"][-3000:]
+    assert "dvc (pid" in log and "has ended; stopping" in log
+    assert not (results["cold"] / ".dvc/tmp/warm.log").exists()
+    for run in ("baseline-0", "no_positional-0"):
+        warm, cold = (json.loads((results[m] / "data/eval" / run / "eval.json").read_text()) for m in results)
+        assert warm == cold
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """The tiny study with its data stages done, the training loops long enough (~5-10 s) that a
+    signal finds the second one running, served."""
+    project = tmp_path_factory.mktemp("auto-kill") / "template"
+    env = make_project(project, tiny_params(seeds=[0], train={**TINY["train"], "budget_tokens": 12000}))
+    sh(["dvc", "repro", "encode"], project, env)
+    return project
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_a_killed_dvc_repro_takes_its_server_and_served_stage_with_it(prepared, tmp_path, short_temp, how):
+    """DVC killed (SIGKILL; SIGHUP, a closed terminal) while a served stage trains: within 5 s no
+    process of the study and no folder of it are left, and a rerun finishes with `dvc status` clean."""
+    project, temp = tmp_path / "project", short_temp()
+    copy_project(prepared, project)
+    mark = uuid.uuid4().hex
+    env = plain_env(project, temp, mark)
+    dvc = subprocess.Popen(["dvc", "repro"], cwd=project, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = lines_of(dvc)
+        wait_for_line(lines, ("Running stage 'train@",), 300)  # the first: cold, starts the server
+        wait_for_line(lines, ("Running stage 'train@",), 300)  # the second: served
+        log = project / ".dvc/tmp/warm.log"
+        assert wait_until(lambda: log.exists() and "warm: ready" in log.read_text(), 30), "no server"
+        time.sleep(1)
+        served = [p for p, cmd in study_processes(mark) if "pipeline.grid.warm --serve" in cmd]
+        assert served, study_processes(mark)
+        dvc.send_signal(how)
+        signalled = time.monotonic()
+        dvc.wait(timeout=30)
+        left = wait_until(lambda: not study_processes(mark), max(0.1, 5 - (time.monotonic() - signalled)))
+        assert left, f"still running 5 s after {signal.Signals(how).name}: {study_processes(mark)}"
+        assert wait_until(lambda: not ours(temp), 1), ours(temp)
+    finally:
+        dvc.kill()
+        kill_all(mark)
+    rerun = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert json.loads(sh(["dvc", "status", "--json"], project, env).stdout) == {}
+    assert wait_until(lambda: not study_processes(mark), 5), study_processes(mark)
+
+
+def test_a_server_stops_after_its_idle_time_and_removes_its_folder(tmp_path):
+    """Nothing to serve for IDLE_S (here 1 s) after its imports: it stops and removes its folder."""
+    folder = tmp_path / f"{auto.PREFIX}test"
+    folder.mkdir()
+    keeper = subprocess.Popen(["sleep", "120"])
+    try:
+        server = subprocess.Popen([sys.executable, "-m", "pipeline.grid.warm", "--serve", str(folder / "socket"),
+                                   "--folder", str(folder), "--watch", str(keeper.pid), "--idle", "1"],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out, _ = server.communicate(timeout=120)
+        assert server.returncode == 0 and "no stage for 1 s; stopping" in out, out
+        assert not folder.exists()
+        assert keeper.poll() is None
+    finally:
+        keeper.kill()
+
+
+def test_a_server_whose_dvc_has_ended_removes_the_folders_of_killed_ones(tmp_path):
+    """A server sweeps the folders whose DVC process has ended (their server was SIGKILLed), and
+    stops at once when its own DVC process has ended."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{auto.PREFIX}{os.getuid()}-stale"
+    stale.mkdir()
+    (stale / "dvc").write_text(str(dead.pid))
+    (stale / "socket").write_text("")
+    folder = tmp_path / f"{auto.PREFIX}{os.getuid()}-new"
+    folder.mkdir()
+    server = subprocess.run([sys.executable, "-m", "pipeline.grid.warm", "--serve", str(folder / "socket"),
+                             "--folder", str(folder), "--watch", str(dead.pid), "--idle", "600"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert server.returncode == 0 and "has already ended; stopping" in server.stdout, server.stdout + server.stderr
+    assert not stale.exists() and not folder.exists()
