@@ -117,39 +117,45 @@ def test_a_plain_dvc_repro_is_the_study_cold_and_leaves_nothing(tmp_path, short_
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """The tiny study with its data stages done, the training loops long enough (~5-10 s) that a
-    signal finds the second one running, served."""
+    """The tiny study with its data stages done, the training loops long enough (~5 s served)
+    that a signal finds the second one running."""
     project = tmp_path_factory.mktemp("auto-kill") / "template"
-    env = make_project(project, tiny_params(seeds=[0], train={**TINY["train"], "budget_tokens": 12000}))
+    env = make_project(project, tiny_params(seeds=[0], train={**TINY["train"], "budget_tokens": 40000}))
     sh(["dvc", "repro", "encode"], project, env)
     return project
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP, "ctrl-c"],
+                         ids=lambda s: s if isinstance(s, str) else signal.Signals(s).name)
 def test_a_killed_dvc_repro_takes_its_server_and_served_stage_with_it(prepared, tmp_path, short_temp, how):
-    """DVC killed (SIGKILL; SIGHUP, a closed terminal) while a served stage trains: within 5 s no
-    process of the study and no folder of it are left, and a rerun finishes with `dvc status` clean."""
+    """DVC killed (SIGKILL; SIGHUP, a closed terminal; Ctrl-C, SIGINT to DVC's whole process group
+    as a terminal sends it) while a served stage trains: within 5 s no process of the study and no
+    folder of it are left, and a rerun finishes with `dvc status` clean."""
     project, temp = tmp_path / "project", short_temp()
     copy_project(prepared, project)
     mark = uuid.uuid4().hex
     env = plain_env(project, temp, mark)
     dvc = subprocess.Popen(["dvc", "repro"], cwd=project, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+                           stderr=subprocess.STDOUT, text=True, start_new_session=how == "ctrl-c")
     try:
         lines = lines_of(dvc)
         wait_for_line(lines, ("Running stage 'train@",), 300)  # the first: cold, starts the server
         wait_for_line(lines, ("Running stage 'train@",), 300)  # the second: served
-        log = project / ".dvc/tmp/warm.log"
-        assert wait_until(lambda: log.exists() and "warm: ready" in log.read_text(), 30), "no server"
-        time.sleep(1)
+        # Its training under way: a Ctrl-C between stages can land while DVC rewrites its own
+        # .dvc/tmp/rwlock, which DVC then leaves half written (cold too; the launcher repairs it).
+        wait_for_line(lines, ("step ",), 120)
+        # The server, its handler of this command and the stage (forks keep the server's command line).
         served = [p for p, cmd in study_processes(mark) if "pipeline.grid.warm --serve" in cmd]
-        assert served, study_processes(mark)
-        dvc.send_signal(how)
+        assert len(served) >= 3, study_processes(mark)
+        if how == "ctrl-c":
+            os.killpg(dvc.pid, signal.SIGINT)
+        else:
+            dvc.send_signal(how)
         signalled = time.monotonic()
         dvc.wait(timeout=30)
         left = wait_until(lambda: not study_processes(mark), max(0.1, 5 - (time.monotonic() - signalled)))
-        assert left, f"still running 5 s after {signal.Signals(how).name}: {study_processes(mark)}"
+        assert left, f"still running 5 s after {how}: {study_processes(mark)}"
         assert wait_until(lambda: not ours(temp), 1), ours(temp)
     finally:
         dvc.kill()
