@@ -14,17 +14,34 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from model.config import ModelConfig
-from model.decoder_only import DecoderOnly
-from model.encoder_decoder import EncoderDecoder
-from model.transformer import TransformerBase
+
+if TYPE_CHECKING:
+    from model.transformer import TransformerBase
 
 __all__ = ["ModelConfig", "build_model", "TransformerBase", "EncoderDecoder", "DecoderOnly"]
+# The classes import torch; the config does not. Imported when first used, so that checking a
+# config (check_params, before any stage imports torch) costs no torch import.
+_CLASSES = {"TransformerBase": "model.transformer", "EncoderDecoder": "model.encoder_decoder",
+            "DecoderOnly": "model.decoder_only"}
+
+
+def __getattr__(name: str):
+    if name in _CLASSES:
+        import importlib
+
+        return getattr(importlib.import_module(_CLASSES[name]), name)
+    raise AttributeError(f"module 'model' has no attribute {name!r}")
 
 
 def build_model(cfg: ModelConfig | dict[str, Any]) -> TransformerBase:
     """Build the model a config describes. A dict (e.g. "model_config" from model.pt) is
     validated into a ModelConfig first; an unknown key is an error naming it."""
+    from model.decoder_only import DecoderOnly
+    from model.encoder_decoder import EncoderDecoder
+
     if isinstance(cfg, dict):
         known = {f.name for f in dataclasses.fields(ModelConfig)}
         unknown = sorted(set(cfg) - known)

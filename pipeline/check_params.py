@@ -80,7 +80,7 @@ def check_loss_cap(params: Params) -> None:
 def check_knockout(params: Params, baseline_model: dict, tokenizer: dict) -> None:
     """The knockout section names only parts the baseline has (checked even while it is off, so
     turning it on cannot fail on a typo made earlier)."""
-    from model.knockout import plan
+    from model.knockout_plan import plan  # no torch: this stage never imports it
 
     k = params.knockout
     cfg = model_config(baseline_model, tokenizer, f"ablations.{params.report.baseline}")

@@ -1,5 +1,5 @@
 """Lists that are written down once: model/config.py owns the switches and their values,
-model/knockout.py the knock-out parts and counterparts. Where another file must spell one out
+model/knockout_plan.py the knock-out parts and counterparts. Where another file must spell one out
 (it may not import the owner: a stage would then depend on code it never runs), it is checked here,
 so adding a value in the owner fails this file until every copy follows (docs/adding-a-switch.md)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import typing
 import pytest
 
 from model import config as model_config
-from model import knockout as model_knockout
+from model import knockout_plan as model_knockout
 from pipeline import params as pipeline_params
 from pipeline.reporting import knockout as report_knockout
 from scripts import model_switches
