@@ -46,6 +46,7 @@ from pathlib import Path
 
 from pipeline.atomic import atomic_path
 from pipeline.grid import lock, signals
+from pipeline.grid.auto import gpu_machine
 from pipeline.grid.dag import Task, out_of_date, plan_tasks, read_pipeline, shared_stages
 from pipeline.grid.launch import DVC, Launcher
 from pipeline.grid.lifeline import Lifeline
@@ -54,11 +55,6 @@ from pipeline.grid.warm import warm_starts
 LOG_DIR = Path(".dvc/tmp/grid")  # DVC keeps .dvc/tmp out of git
 THREADS_ENV = "ABLATION_LAB_THREADS"  # pipeline.training.device reads it (not imported: no torch here)
 MAX_RUNS_PER_GPU = 16  # pipeline.training.gpu_lock's cap; the slot locks decide the rest
-
-
-def gpu_machine() -> bool:
-    """A machine with an NVIDIA driver (or told its GPU count): warm starts are off there by default."""
-    return bool(os.environ.get("ABLATION_LAB_GPU_COUNT")) or Path("/proc/driver/nvidia/gpus").is_dir()
 
 
 def warm_wanted(cold: bool, warm: bool, dvc_yaml: str) -> bool:

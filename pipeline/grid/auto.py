@@ -32,12 +32,17 @@ PREFIX = "ablation-warm-auto-"
 MAX_SOCKET_PATH = 100
 
 
+def gpu_machine(env=os.environ) -> bool:
+    """A machine with an NVIDIA driver (or told its GPU count): warm starts are off there by default,
+    here and in the launcher (pipeline/grid/__main__.py)."""
+    return bool(env.get("ABLATION_LAB_GPU_COUNT")) or os.path.isdir("/proc/driver/nvidia/gpus")
+
+
 def wanted(env=os.environ) -> bool:
     setting = env.get(SETTING, "")
     if setting == "0" or "DVC_STAGE" not in env:
         return False
-    gpu = bool(env.get("ABLATION_LAB_GPU_COUNT")) or os.path.isdir("/proc/driver/nvidia/gpus")
-    return setting == "1" or not gpu
+    return setting == "1" or not gpu_machine(env)
 
 
 def engage() -> None:
