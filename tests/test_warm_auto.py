@@ -141,6 +141,15 @@ def test_a_killed_dvc_repro_takes_its_server_and_served_stage_with_it(prepared, 
     try:
         lines = lines_of(dvc)
         wait_for_line(lines, ("Running stage 'train@",), 300)  # the first: cold, starts the server
+        wait_for_line(lines, ("step ",), 120)  # ... by now
+        # DVC held until the server is ready: on a loaded machine its imports can outlast the first
+        # training, and the second stage would then (rightly) run cold instead of waiting for them.
+        os.kill(dvc.pid, signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: any((temp / name / "socket").exists() for name in ours(temp)), 180), \
+                (project / ".dvc/tmp/warm.log").read_text() if (project / ".dvc/tmp/warm.log").exists() else ours(temp)
+        finally:
+            os.kill(dvc.pid, signal.SIGCONT)
         wait_for_line(lines, ("Running stage 'train@",), 300)  # the second: served
         # Its training under way: a Ctrl-C between stages can land while DVC rewrites its own
         # .dvc/tmp/rwlock, which DVC then leaves half written (cold too; the launcher repairs it).

@@ -143,6 +143,7 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
     me["limits"] = limits()
     fresh = fresh_state()
     main_thread = threads()
+    t0 = time.monotonic()
     named = _warm_imports()
     gc.collect()
     gc.freeze()  # the imports' objects: never collected in a stage (fast collections, pages stay shared)
@@ -158,7 +159,8 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
         return
     if watch is not None:
         os.rename(path + ".new", path)
-    print(f"warm: ready, {len(sys.modules)} modules imported, {len(threads())} native thread(s) "
+    print(f"warm: ready, {len(sys.modules)} modules imported in {time.monotonic() - t0:.1f} s, "
+          f"{len(threads())} native thread(s) "
           f"({len(named)} named), {threading.active_count()} Python thread(s)"
           + (f": not serving ({why_not})" if why_not else ""), flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers reap themselves
