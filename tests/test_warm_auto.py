@@ -49,6 +49,20 @@ def ours(temp: Path) -> list[str]:
     return [p.name for p in temp.iterdir() if p.name.startswith(auto.PREFIX)]
 
 
+def hold_until_served(dvc: subprocess.Popen, temp: Path, project: Path) -> None:
+    """Once a stage has started the server (its folder is there), DVC is held (SIGSTOP) until the
+    server is ready, so that the stages after it are served however slow this machine's imports
+    are (without the hold a stage that comes sooner rightly runs cold rather than wait for them)."""
+    assert wait_until(lambda: ours(temp), 300), "no stage started a server"
+    os.kill(dvc.pid, signal.SIGSTOP)
+    try:
+        log = project / ".dvc/tmp/warm.log"
+        ready = wait_until(lambda: any((temp / name / "socket").exists() for name in ours(temp)), 180)
+        assert ready, log.read_text() if log.exists() else ours(temp)
+    finally:
+        os.kill(dvc.pid, signal.SIGCONT)
+
+
 def test_it_is_on_under_dvc_on_a_cpu_machine_and_off_where_asked(monkeypatch):
     monkeypatch.setattr(os.path, "isdir", lambda path: False)  # no NVIDIA driver
     assert auto.wanted({"DVC_STAGE": "train@baseline-0"})
@@ -97,11 +111,19 @@ def test_a_plain_dvc_repro_is_the_study_cold_and_leaves_nothing(tmp_path, short_
         make_project(project, tiny_params(seeds=[0]))
         mark = uuid.uuid4().hex
         env = plain_env(project, temp, mark, **({auto.SETTING: "0"} if mode == "cold" else {}))
-        run = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        with open(tmp_path / f"{mode}.out", "w") as out, open(tmp_path / f"{mode}.err", "w") as err:
+            dvc = subprocess.Popen(["dvc", "repro"], cwd=project, env=env, stdout=out, stderr=err, text=True)
+            try:
+                if mode == "warm":
+                    hold_until_served(dvc, temp, project)
+                code = dvc.wait(timeout=600)
+            finally:
+                dvc.kill()
+        run_out, run_err = ((tmp_path / f"{mode}.{what}").read_text() for what in ("out", "err"))
+        assert code == 0, run_out[-2000:] + run_err[-2000:]
         assert wait_until(lambda: not study_processes(mark), 5), study_processes(mark)
         assert wait_until(lambda: not ours(temp), 5), ours(temp)
-        results[mode], stderr[mode] = project, run.stderr
+        results[mode], stderr[mode] = project, run_err
     warm, cold = (output_hashes(results[m]) for m in ("warm", "cold"))
     assert set(warm) == set(cold)
     assert sorted(path for path in warm if warm[path] != cold[path]) == []
@@ -141,15 +163,7 @@ def test_a_killed_dvc_repro_takes_its_server_and_served_stage_with_it(prepared, 
     try:
         lines = lines_of(dvc)
         wait_for_line(lines, ("Running stage 'train@",), 300)  # the first: cold, starts the server
-        wait_for_line(lines, ("step ",), 120)  # ... by now
-        # DVC held until the server is ready: on a loaded machine its imports can outlast the first
-        # training, and the second stage would then (rightly) run cold instead of waiting for them.
-        os.kill(dvc.pid, signal.SIGSTOP)
-        try:
-            assert wait_until(lambda: any((temp / name / "socket").exists() for name in ours(temp)), 180), \
-                (project / ".dvc/tmp/warm.log").read_text() if (project / ".dvc/tmp/warm.log").exists() else ours(temp)
-        finally:
-            os.kill(dvc.pid, signal.SIGCONT)
+        hold_until_served(dvc, temp, project)
         wait_for_line(lines, ("Running stage 'train@",), 300)  # the second: served
         # Its training under way: a Ctrl-C between stages can land while DVC rewrites its own
         # .dvc/tmp/rwlock, which DVC then leaves half written (cold too; the launcher repairs it).
