@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from model.attention import KVCache, MultiHeadAttention
 from model.config import ModelConfig
+from model.norm import LayerNorm
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
@@ -31,7 +32,7 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "none":
         return nn.Identity()
     if cfg.norm == "layernorm":
-        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        return LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)  # thread-count-free gradients
     return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)  # no mean subtraction, no bias
 
 

@@ -96,6 +96,28 @@ def test_same_seed_same_metrics_different_seed_different(tiny_shards):
     assert a["val_loss"] != c["val_loss"]
 
 
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+def test_the_thread_count_does_not_change_a_single_bit(tiny_shards, monkeypatch, arch):
+    """1, 2 or 3 CPU threads (the grid's share beside another run, a serial `dvc repro`, a bigger
+    machine's auto): the same weights and curves (model/norm.py). torch's own LayerNorm, put back,
+    makes the same runs differ: what this test would catch."""
+    import model.layers
+
+    def weights(threads: int, tag: str) -> tuple:
+        out = tiny_shards / f"{arch}-{tag}-{threads}"
+        run(tiny_shards / "shards", "v", 0, resolved({"arch": arch, "dropout": 0.1}, threads=threads), "x", out,
+            tiny_shards / f"c-{arch}-{tag}-{threads}")
+        state = torch.load(out / "model.pt", weights_only=True)["state_dict"]
+        return tuple(t.numpy().tobytes() for t in state.values()), (out / "train_curve.csv").read_text()
+
+    try:
+        assert weights(1, "ours") == weights(2, "ours") == weights(3, "ours")
+        monkeypatch.setattr(model.layers, "LayerNorm", torch.nn.LayerNorm)
+        assert weights(1, "torch") != weights(2, "torch")
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_outputs_and_checkpoints_load_with_weights_only(tiny_shards, capsys):
     out, ckpt = tiny_shards / "o", tiny_shards / "co"
     metrics = run(tiny_shards / "shards", "v", 0, resolved(keep_checkpoints=2), "x", out, ckpt)
