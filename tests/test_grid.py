@@ -15,7 +15,7 @@ import yaml
 
 from pipeline.grid.dag import Pipeline, Task, plan_tasks, shared_stages
 from pipeline.grid.launch import Launcher
-from tests.tiny_project import ROOT, copy_project, make_project, project_env, ran_stages, sh, tiny_params
+from tests.tiny_project import TINY, ROOT, copy_project, make_project, project_env, ran_stages, sh, tiny_params
 
 ITEMS = [f"i{n}" for n in range(8)]
 # Quick shell stages in the shape of a study: one shared stage, a train and an evaluate per item,
@@ -164,21 +164,32 @@ def test_bad_jobs_is_a_one_line_error(tmp_path):
 
 @pytest.mark.slow
 def test_the_study_side_by_side_ends_as_a_serial_dvc_repro(tmp_path):
-    params = tiny_params(seeds=[0, 1], knockout={"seeds": [0]})
+    """The same dvc.lock and the same outputs, bit for bit (wall times aside), though the serial
+    runs train with 2 threads and the grid's with 1 each (model/norm.py)."""
+    from tests.test_warm import output_hashes
+
+    params = tiny_params(seeds=[0, 1], knockout={"seeds": [0]}, train={**TINY["train"], "threads": 2})
     serial = tmp_path / "serial"
     env = make_project(serial, params)
     parallel = tmp_path / "parallel"
     copy_project(serial, parallel)
     penv = project_env(parallel)
-    sh(["dvc", "repro"], serial, env)
+    ran = sh(["dvc", "repro"], serial, env)
+    assert "threads 2 (train.threads)" in ran.stdout + ran.stderr
     result = grid(parallel, penv, "-j", "2")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert lock_shape(parallel, hashes=False) == lock_shape(serial, hashes=False)
+    assert output_hashes(parallel) == output_hashes(serial)
+    clocks = ("wall_s", "started_at", "finished_at")
+    knockout = [json.loads((p / "data/eval/knockout/baseline-0/knockout.json").read_text()) for p in (parallel, serial)]
+    assert [{k: v for k, v in run.items() if k not in clocks} for run in knockout] == \
+        [{k: v for k, v in knockout[1].items() if k not in clocks}] * 2
     assert gitignores(parallel) == gitignores(serial)
     assert_clean(parallel, penv)
     logs = "".join(p.read_text() for p in (parallel / ".dvc/tmp/grid").glob("*.log"))
     assert "database is locked" not in logs and "MLflow" in logs  # the report mirrored to the sqlite store
+    assert "threads 1 (train.threads 2, capped" in logs
     import sqlite3
 
     names = {r[0] for r in sqlite3.connect(parallel / "mlflow.db").execute("SELECT name FROM runs")}
