@@ -2,11 +2,11 @@
 
 torch's CPU LayerNorm backward sums the weight and bias gradients in one partial sum per thread,
 so one run trained with 1 thread (`bash run.sh`: two runs side by side on 2 cores) and with 2
-(`dvc repro`) differ in the last bits from the first step on, and 400 steps later in the third
-digit of the loss: the same params, seed and machine gave two answers. Here the input gradient
-still comes from torch's kernel (it works row by row, so no thread sees another's rows) and the
-weight and bias gradients are plain sums over rows, which torch adds up in an order set by the
-shape alone (tests/test_model_norm.py, and tests/test_trainer.py trains with 1, 2 and 3 threads).
+(`dvc repro`) differ in the last bits from the first step on and end with other weights and
+losses: the same params, seed and machine gave two answers. Here the input gradient still comes
+from torch's kernel (it works row by row, so no thread sees another's rows) and the weight and
+bias gradients are plain sums over rows, which torch adds up in an order set by the shape alone
+(tests/test_model_norm.py; tests/test_trainer.py trains with 1, 2 and 3 threads).
 The forward is torch's own kernel, so outputs are unchanged; CUDA keeps torch's fused kernel.
 """
 from __future__ import annotations
