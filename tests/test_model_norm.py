@@ -77,3 +77,20 @@ def test_the_weight_and_bias_gradients_are_the_same_bits_at_any_thread_count():
         torch.set_num_threads(before)
     assert len(seen["ours"]) == 1
     assert len(seen["torch"]) > 1
+
+
+def test_torchs_rmsnorm_needs_no_such_change():
+    """model.layers keeps nn.RMSNorm: its gradients are already the same bits at any thread count
+    (should a torch release fuse it with per-thread sums, this fails and it needs model/norm.py's way)."""
+    x, dy = torch.randn(64, 256, 128), torch.randn(64, 256, 128)
+    before = torch.get_num_threads()
+    seen = set()
+    try:
+        for threads in (1, 2, 3, 4):
+            torch.set_num_threads(threads)
+            norm = nn.RMSNorm(128)
+            nn.init.normal_(norm.weight, generator=torch.Generator().manual_seed(0))
+            seen.add(tuple(g.numpy().tobytes() for g in grads(norm, x, dy)))
+    finally:
+        torch.set_num_threads(before)
+    assert len(seen) == 1
