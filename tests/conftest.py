@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+import pipeline  # noqa: F401  (first: pins the CPU kernels' code path before torch is imported)
 import torch
 
 from pipeline.download import write_synthetic

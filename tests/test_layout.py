@@ -101,9 +101,10 @@ def test_pipeline_top_level_is_the_stages_and_the_shared_plumbing():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     modules = {p.stem for p in (ROOT / "pipeline").glob("*.py")} - {"__init__"}
     run = {cmd_module(stage["cmd"]) for stage in stages.values()}
-    # Besides the stages: the user's tools (preset, plan) and the plumbing every stage shares.
-    assert run <= modules and modules - run == {"preset", "plan", "params", "atomic", "tracking", "progress"}
-    assert len(modules) <= 15
+    # Besides the stages: the user's tools (preset, plan, reproduced) and the plumbing every stage shares.
+    assert run <= modules and modules - run == {"preset", "plan", "reproduced", "params", "atomic", "tracking",
+                                                "progress", "cpu_numerics"}
+    assert len(modules) <= 17
 
 
 def cmd_module(cmd: str) -> str:
@@ -141,11 +142,15 @@ def loaded_files(imports: Path) -> dict[str, set[str]]:
 # to be served warm or run cold (pipeline/grid/auto.py), and either way the outputs are the same
 # (tests/test_warm_auto.py), so an edit to them must not rerun the study.
 WHERE_NOT_WHAT = {"pipeline/__init__.py", "pipeline/grid/auto.py", "pipeline/grid/shim.py"}
+# Loaded by every stage (pipeline/__init__.py pins torch's CPU code path with it): it decides the
+# bits of every stage that runs a model (they load model/transformer.py), and nothing elsewhere.
+PINNING = "pipeline/cpu_numerics.py"
 
 
 def check_stage_deps(name: str, stage: dict, loaded: set[str], project: Path) -> None:
     """The stage's deps cover every file it loaded, and list no file or room it did not load."""
-    files = {f for f in loaded if has_code(project / f)} - WHERE_NOT_WHAT
+    where = WHERE_NOT_WHAT | (set() if "model/transformer.py" in loaded else {PINNING})
+    files = {f for f in loaded if has_code(project / f)} - where
     deps = code_deps(stage)
     covered = {f for f in files if any(f == d or f.startswith(d + "/") for d in deps)}
     assert covered == files, f"{name}: runs {sorted(files - covered)}, not in its deps"

@@ -59,7 +59,8 @@ def test_bf16_autocast_on_cpu_gives_float32_parameter_gradients():
     reference = grads(theirs, x, dy)
     assert [g.dtype for g in mine] == [torch.bfloat16, torch.float32, torch.float32]
     for a, b in zip(mine[1:], reference[1:]):
-        torch.testing.assert_close(a, b, rtol=0.05, atol=0.5)
+        # measured: at most 0.048 off float32's (gradients up to ~23): bf16 inputs, float32 sums
+        torch.testing.assert_close(a, b, rtol=0, atol=0.1)
 
 
 def bits_at_each_thread_count(make, x: torch.Tensor, dy: torch.Tensor) -> set[tuple[bytes, ...]]:
@@ -75,19 +76,8 @@ def bits_at_each_thread_count(make, x: torch.Tensor, dy: torch.Tensor) -> set[tu
 
 
 def test_the_weight_and_bias_gradients_are_the_same_bits_at_any_thread_count():
-    """torch's own LayerNorm at this size differs between 1 and 2 threads: what ours must not do."""
+    """What torch's own LayerNorm does at this size (it differed between 1 and 2 threads on the CPU
+    model/norm.py was written on) is a fact about torch, measured by benchmarks/cpu_numerics.py;
+    ours must never differ, and RMSNorm's whole training run is checked in tests/test_trainer.py."""
     x, dy = torch.randn(64, 256, 128), torch.randn(64, 256, 128)
     assert len(bits_at_each_thread_count(lambda: pair(True, 128)[1], x, dy)) == 1
-    assert len(bits_at_each_thread_count(lambda: pair(True, 128)[0], x, dy)) > 1
-
-
-def test_torchs_rmsnorm_needs_no_such_change():
-    """model.layers keeps nn.RMSNorm: its gradients are already the same bits at any thread count
-    (should a torch release fuse it with per-thread sums, this fails and it needs model/norm.py's way)."""
-    def make() -> nn.RMSNorm:
-        norm = nn.RMSNorm(128)
-        nn.init.normal_(norm.weight, generator=torch.Generator().manual_seed(0))
-        return norm
-
-    x, dy = torch.randn(64, 256, 128), torch.randn(64, 256, 128)
-    assert len(bits_at_each_thread_count(make, x, dy)) == 1

@@ -20,7 +20,7 @@ STAGES = {"check_params", "download", "filter", "train_bpe", "encode", "train", 
 # Read by torch, numpy, MLflow and the rest when they are imported (not when a function runs): set
 # otherwise than in the server that imported them (warm.py), a stage served there would not be the
 # stage a new process runs.
-IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_",
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "ATEN_", "ONEDNN_", "DNNL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_",
                    "PYTHON", "MPL", "MATPLOTLIB", "MLFLOW_", "NUMEXPR_", "SQLALCHEMY",
                    # read once and kept: the locale (C library and Python's), time zone, temp dir
                    # (tempfile.gettempdir caches it), home (caches found from it), malloc's tuning

@@ -70,9 +70,10 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
     def counts(v: str, key: str) -> str:  # a mean of step counts (112 from 111 and 113) is no run's
         return fmt_range(list(values_by_seed(runs, v, seeds, "train", key).values()))
 
-    rows, marked, siblings = [], [], False
+    rows, marked, siblings, every_train = [], [], False, []
     for v in variants:
         trains = {s: runs[(v, s)].train for s in seeds if runs[(v, s)].train}
+        every_train += trains.values()
         devices = sorted({str(t.get("device")) for t in trains.values()})
         busy = [s for s, t in trains.items() if contended(t)]
         siblings = siblings or any(beside_siblings(trains[s]) for s in busy)
@@ -106,6 +107,7 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
                  f"{OTHERS_SHARE:.0%}, or where not recorded, load at or below the cores each run used)."
                  if any(row[-2] != MISSING for row in rows) else
                  "Machine load not recorded (train.json files from before it was), so contention is unknown.")
+    notes.append(numerics_note(every_train))
     return [Heading("Training cost"), Table(
         ["variant", "tokens trained", "steps", "FLOPs / target token", "FLOPs trained", "wall time (s)", "tokens/s",
          "MFU", "padding ratio", "mean batch", "device", "cores", "load (max)", "others' CPU (max)"],
@@ -113,3 +115,23 @@ def cost_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[Blo
               "seeds agree), the other columns mean over seeds", notes,
     )]
 
+
+
+def numerics_note(trains: Sequence[dict]) -> str:
+    """Whether the CPU runs' kernels were pinned to one code path (train.json cpu_numerics), so that
+    another x86-64 CPU trains the same bits (pipeline/cpu_numerics.py)."""
+    cpu = [t for t in trains if str(t.get("device", "cpu")).startswith("cpu")]
+    if not cpu:
+        return "CPU numerics: no run trained on the CPU (CUDA kernels are not pinned; a GPU run's bits are that GPU's)."
+    seen = [t.get("cpu_numerics") for t in cpu]
+    if any(n is None for n in seen):
+        return ("CPU numerics: not recorded (train.json files from before pipeline/cpu_numerics.py), so whether "
+                "another CPU model would train the same bits is unknown.")
+    if all(n["pinned"] for n in seen):
+        return ("CPU numerics: pinned to the AVX2 code path in every CPU run (MKL_CBWR=AVX2,STRICT, "
+                "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; pipeline/cpu_numerics.py): any x86-64 CPU "
+                "with AVX2 trains the same bits from the same params.")
+    own = sorted({f"{n['machine']}, ATen {n['aten_capability']}" for n in seen if not n["pinned"]})
+    return (f"CPU numerics: not pinned in {sum(not n['pinned'] for n in seen)} of {len(seen)} CPU runs ("
+            f"{'; '.join(own)}; ABLATION_LAB_PIN_CPU=0 or not x86-64): their numbers are this machine's, and "
+            "another CPU model can move them in the last bits and, through training, beyond.")
