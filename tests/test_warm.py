@@ -80,8 +80,8 @@ def server(tmp_path_factory):
     """A scratch package whose report stage is FAKE_STAGE, and a warm server started in it."""
     root = tmp_path_factory.mktemp("warm")
     (root / "pipeline" / "grid").mkdir(parents=True)
-    for name in ("pipeline/__init__.py", "pipeline/atomic.py", "pipeline/grid/__init__.py", "pipeline/grid/warm.py",
-                 "pipeline/grid/shim.py", "pipeline/grid/lifeline.py", "pipeline/grid/fresh.py",
+    for name in ("pipeline/__init__.py", "pipeline/cpu_numerics.py", "pipeline/atomic.py", "pipeline/grid/__init__.py",
+                 "pipeline/grid/warm.py", "pipeline/grid/shim.py", "pipeline/grid/lifeline.py", "pipeline/grid/fresh.py",
                  "pipeline/grid/auto.py"):
         shutil.copy(ROOT / name, root / name)
     (root / "pipeline" / "report.py").write_text(FAKE_STAGE)
