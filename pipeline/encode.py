@@ -10,6 +10,9 @@ back as " ⁇ ", and the score would be computed against text that is not the da
 `max_source_tokens` keeps only the first N token ids of each source (lead truncation, as See et
 al. 2017 cut CNN/DailyMail articles to 400 tokens: the lead carries most of what the highlights
 say); `src_text` stays whole, and the manifest counts the sources that were cut.
+`max_target_tokens` does the same to each target's ids (CNN/DailyMail seed study 000 cut both
+sides to 512 tokens); `tgt_text`, the reference evaluation scores against, stays whole. The
+manifest records it, and the targets cut, only when it is set (unset, the shards are as before).
 
 The manifest also records the unigram plateau (`unigram_val_loss`): the validation cross-entropy,
 in nats per target token (eos included, as the training loss counts it), of a model that knows
@@ -44,9 +47,10 @@ SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.i
 
 def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, split: str,
                  shard_examples: int, max_source_tokens: int | None = None,
-                 counts: np.ndarray | None = None, progress: Progress | None = None) -> dict:
+                 counts: np.ndarray | None = None, progress: Progress | None = None,
+                 max_target_tokens: int | None = None) -> dict:
     """Write one split's shards; add its target token counts (one eos a row) to `counts`."""
-    files, examples, src_tokens, tgt_tokens, truncated = [], 0, 0, 0, 0
+    files, examples, src_tokens, tgt_tokens, truncated, truncated_tgt = [], 0, 0, 0, 0, 0
     writer, in_shard = None, 0
     # Column chunks read piece by piece (by default Arrow reads a whole row group's chunk at once).
     source = pq.ParquetFile(parquet, buffer_size=1 << 20, pre_buffer=False)
@@ -57,6 +61,9 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
         if max_source_tokens is not None:
             truncated += int(np.count_nonzero(pc.list_value_length(src).to_numpy() > max_source_tokens))
             src = pc.list_slice(src, 0, max_source_tokens)
+        if max_target_tokens is not None:
+            truncated_tgt += int(np.count_nonzero(pc.list_value_length(tgt).to_numpy() > max_target_tokens))
+            tgt = pc.list_slice(tgt, 0, max_target_tokens)
         if counts is not None and len(tgt):
             counts += np.bincount(tgt.flatten().to_numpy(), minlength=len(counts))
             counts[sp.eos_id()] += len(tgt)
@@ -82,8 +89,11 @@ def encode_split(parquet: Path, sp: spm.SentencePieceProcessor, out_dir: Path, s
             progress.update(batch.num_rows)
     if writer is not None:
         writer.close()
-    return {"files": files, "examples": examples, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
-            "truncated_sources": truncated}
+    out = {"files": files, "examples": examples, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
+           "truncated_sources": truncated}
+    if max_target_tokens is not None:
+        out["truncated_targets"] = truncated_tgt
+    return out
 
 
 def unigram_loss(train_counts: np.ndarray, eval_counts: np.ndarray) -> float | None:
@@ -96,7 +106,7 @@ def unigram_loss(train_counts: np.ndarray, eval_counts: np.ndarray) -> float | N
 
 
 def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int,
-           max_source_tokens: int | None = None) -> dict:
+           max_source_tokens: int | None = None, max_target_tokens: int | None = None) -> dict:
     model_file = tokenizer_dir / "spm.model"
     sp = load_tokenizer(tokenizer_dir)
     meta_path = data_dir / "meta.json"
@@ -109,6 +119,7 @@ def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int,
         "tokenizer_sha256": file_sha256(model_file),
         "normalization": describe_normalization(tokenizer_dir),
         "max_source_tokens": max_source_tokens,
+        **({"max_target_tokens": max_target_tokens} if max_target_tokens is not None else {}),
         "splits": {},
     }
     # Target token counts of the two splits the plateau needs (test is not counted).
@@ -119,7 +130,7 @@ def encode(data_dir: Path, tokenizer_dir: Path, out: Path, shard_examples: int,
         for split in SPLITS:
             manifest["splits"][split] = encode_split(data_dir / f"{split}.parquet", sp, tmp, split,
                                                       shard_examples, max_source_tokens, counts.get(split),
-                                                      progress)
+                                                      progress, max_target_tokens)
         manifest["unigram_val_loss"] = unigram_loss(counts["train"], counts["validation"])
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -135,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_params(args.params).encode
         encode(Path(args.data), Path(args.tokenizer), Path(args.out), cfg.shard_examples,
-               cfg.max_source_tokens)
+               cfg.max_source_tokens, cfg.max_target_tokens)
     except (ParamsError, ValueError, OSError) as exc:
         raise stage_error("encode", exc) from None
 

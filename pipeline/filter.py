@@ -4,7 +4,12 @@
 
 Lengths are counted with a cheap pre-tokenizer (words and punctuation marks), before any subword
 model exists, so the limits bound the BPE length only roughly (BPE is usually longer); or, with
-`filter.length_unit: chars`, in characters (character-level studies).
+`filter.length_unit: chars`, in characters (character-level studies, or a limit stated in
+characters, as CNN/DailyMail's `len(article) <= 1640`). A maximum of null leaves that side
+unlimited. After the limits, `filter.subsample` keeps that fraction of each split, drawn with
+`filter.seed`. Per split the stats record the examples seen (`raw`), those within the limits
+(`kept_length`), those also drawn by the subsample (`kept_subsample`) and their share of the seen
+(`kept_share`), before any carve moves rows between splits.
 Sources without a validation or test split get one carved from train: with a seeded shuffle, or
 for language modelling (meta.json's task) from the end of train in document order, validation
 then test, so that neighbouring paragraphs of one text only meet at the split boundaries (a
@@ -52,8 +57,8 @@ def _measure(readers: dict[str, Reader], cfg: FilterParams, rng: np.random.Gener
     for split, read in readers.items():
         parts, n_ok = [], 0
         for table, src_len, tgt_len in counted(map(texts, read()), cfg.length_unit, pool):
-            ok = (cfg.min_source_tokens <= src_len) & (src_len <= cfg.max_source_tokens) & \
-                (cfg.min_target_tokens <= tgt_len) & (tgt_len <= cfg.max_target_tokens)
+            ok = _within(src_len, cfg.min_source_tokens, cfg.max_source_tokens) & \
+                _within(tgt_len, cfg.min_target_tokens, cfg.max_target_tokens)
             keep = ok.copy()
             if cfg.subsample < 1.0:
                 # Drawn batch by batch: the same stream of numbers as one draw for the whole split.
@@ -69,9 +74,22 @@ def _measure(readers: dict[str, Reader], cfg: FilterParams, rng: np.random.Gener
             progress.update(table.num_rows)
         keep = np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
         masks[split] = keep
-        splits[split] = {"raw": len(keep), "dropped_length": len(keep) - n_ok,
-                         "dropped_subsample": n_ok - int(keep.sum()), "kept": int(keep.sum())}
+        splits[split] = _counts(len(keep), n_ok, int(keep.sum()))
     return masks, splits, hists, train_bytes
+
+
+def _within(n: np.ndarray, lo: int, hi: int | None) -> np.ndarray:
+    """lo <= n <= hi, element-wise; hi None: no upper limit."""
+    ok = lo <= n
+    return ok if hi is None else ok & (n <= hi)
+
+
+def _counts(raw: int, kept_length: int, kept_subsample: int) -> dict:
+    """One split's counts before any carve: seen, within the limits, also drawn by the subsample,
+    and that last one's share of the seen (None for a split that had no rows)."""
+    return {"raw": raw, "dropped_length": raw - kept_length, "dropped_subsample": kept_length - kept_subsample,
+            "kept_length": kept_length, "kept_subsample": kept_subsample,
+            "kept_share": kept_subsample / raw if raw else None, "kept": kept_subsample}
 
 
 def _carve(splits: dict, readers: dict, cfg: FilterParams, task: str | None,
@@ -97,8 +115,7 @@ def _carve(splits: dict, readers: dict, cfg: FilterParams, task: str | None,
         start, carve, ranges = 0, "shuffled", [("train", sum(sizes.values()), n)]
     for split in missing:
         ranges.append((split, start, start + sizes[split]))
-        splits[split] = {"raw": 0, "dropped_length": 0, "dropped_subsample": 0, "kept": sizes[split],
-                         "from_train": sizes[split]}
+        splits[split] = {**_counts(0, 0, 0), "kept": sizes[split], "from_train": sizes[split]}
         splits["train"][f"to_{split}"] = sizes[split]
         start += sizes[split]
     ranges = [(split, min(lo, n), min(hi, n)) for split, lo, hi in ranges]
@@ -146,7 +163,8 @@ def run_filter(readers: dict[str, Reader], cfg: FilterParams, task: str | None, 
     `open_sink(split)` gives where a split's rows go; `rows` (the total, if known) is for progress.
 
     Per split the stats add up: raw = dropped_length + dropped_subsample + kept + moved to other
-    splits. Length percentiles are given for the raw examples and for the kept ones.
+    splits; kept_length and kept_subsample (and kept_share = kept_subsample / raw) are the counts
+    before the carve. Length percentiles are given for the raw examples and for the kept ones.
     """
     if "train" not in readers:
         raise ValueError("no train split")
@@ -224,8 +242,11 @@ def _why_empty(split: str, splits: dict, cfg: FilterParams) -> str:
     removed examples (raising them cannot fill a split that had no rows to begin with)."""
     train = splits["train"]
     carved = train.get("to_validation", 0) + train.get("to_test", 0)
-    limits = (f"source {cfg.min_source_tokens}-{cfg.max_source_tokens}, target {cfg.min_target_tokens}-"
-              f"{cfg.max_target_tokens} {cfg.length_unit}")
+    def span(lo: int, hi: int | None) -> str:
+        return f"{lo}-{hi}" if hi is not None else f">= {lo}"
+
+    limits = (f"source {span(cfg.min_source_tokens, cfg.max_source_tokens)}, target "
+              f"{span(cfg.min_target_tokens, cfg.max_target_tokens)} {cfg.length_unit}")
     s = splits[split]
     if "from_train" in s:  # carved from train, which is not empty (it is checked first)
         fraction = "val_fraction" if split == "validation" else "test_fraction"

@@ -84,12 +84,13 @@ class DataParams(BaseModel):
 
 
 class FilterParams(Section):
-    # The unit of the four limits: pre-tokens (words and punctuation; cheap, before any subword model) or characters.
+    # The unit of the four limits: pre-tokens (words and punctuation; cheap, before any subword model) or
+    # characters of the text (no tokenizer exists yet at this stage, so not its tokens).
     length_unit: Literal["pretokens", "chars"] = "pretokens"
     min_source_tokens: int = Field(0, ge=0)
-    max_source_tokens: int = Field(1024, gt=0)
+    max_source_tokens: int | None = Field(1024, gt=0)  # None (null): no upper limit on this side
     min_target_tokens: int = Field(1, ge=0)
-    max_target_tokens: int = Field(256, gt=0)
+    max_target_tokens: int | None = Field(256, gt=0)  # None (null): no upper limit on this side
     subsample: float = Field(1.0, gt=0, le=1)  # fraction kept after the length filter
     val_fraction: float = Field(0.1, ge=0, lt=1)  # only used where the source has no such split
     test_fraction: float = Field(0.1, ge=0, lt=1)
@@ -117,6 +118,7 @@ class TrainBpeParams(Section):
 class EncodeParams(Section):
     shard_examples: int = Field(50_000, gt=0)  # rows per parquet shard
     max_source_tokens: int | None = Field(None, gt=0)  # keep each source's first N tokens; None: all
+    max_target_tokens: int | None = Field(None, gt=0)  # keep each target's first N tokens; None: all
 
 
 class TrainParams(Section):

@@ -60,14 +60,20 @@ def tokenizer_ids(params: Params, manifest: dict | None) -> dict:
     return {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id}
 
 
-def lengths(params: Params, manifest: dict | None, lm: bool, context: int) -> tuple[float, float, int, int, str]:
+def lengths(params: Params, manifest: dict | None, lm: bool, context: int,
+            max_len: int) -> tuple[float, float, int, int, str]:
     """(mean source, mean target, longest source, longest target, where they come from): the means
-    set FLOPs per token as the train stage counts them, the longest the batch that peaks memory."""
+    set FLOPs per token as the train stage counts them, the longest the batch that peaks memory.
+    A side with neither a filter maximum nor an encode cap is taken as the model's max_len."""
     if lm:
         return 0.0, float(context), 0, context, "language modelling: train.context"
-    f, cap = params.filter, params.encode.max_source_tokens
-    longest_src = min(cap, f.max_source_tokens) if cap else f.max_source_tokens
-    longest_tgt = f.max_target_tokens + 1  # + BOS (input) / EOS (label)
+    f, e = params.filter, params.encode
+
+    def longest(*limits: int | None) -> int:
+        return min([n for n in limits if n is not None] or [max_len])
+
+    longest_src = longest(e.max_source_tokens, f.max_source_tokens)
+    longest_tgt = longest(e.max_target_tokens, f.max_target_tokens) + 1  # + BOS (input) / EOS (label)
     if manifest is not None:
         split = manifest["splits"]["train"]
         n = max(1, split["examples"])
@@ -219,8 +225,9 @@ def plan(params: Params, manifest: dict | None, device: str, peak: float, time, 
             where = f"ablations.{variant}" + (f" at scales.{scale}" if scale else "")
             resolved = resolve_variant(params, variant, scale)
             tcfg = resolved["train"]
-            mean_src, mean_tgt, longest_src, longest_tgt, why = lengths(params, manifest, lm, tcfg["context"])
             cfg, model = meta_model(resolved, ids, where)
+            mean_src, mean_tgt, longest_src, longest_tgt, why = lengths(params, manifest, lm, tcfg["context"],
+                                                                        cfg.max_len)
             per_token = flops_per_target_token(model, cfg, mean_src, mean_tgt)
             if lm:
                 tokens, steps = tokens_and_steps(tcfg, per_token, mean_src, mean_tgt, lm)

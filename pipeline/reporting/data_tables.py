@@ -10,7 +10,8 @@ from pipeline.reporting.render import Block, Heading, Paragraph, Table
 
 
 def data_blocks(filter_metrics: dict | None, path: Path) -> list[Block]:
-    """Examples per split (raw, dropped, moved, kept) and length percentiles, from the filter stage."""
+    """Examples per split (raw, dropped, moved, kept, the share kept) and length percentiles, from
+    the filter stage."""
     blocks: list[Block] = [Heading("Data")]
     if filter_metrics is None:
         return blocks + [Paragraph(f"Filter metrics not available: {path} is missing.")]
@@ -20,18 +21,26 @@ def data_blocks(filter_metrics: dict | None, path: Path) -> list[Block]:
         raw, kept = number(counts, "raw"), number(counts, "kept")
         by_length, by_sample = number(counts, "dropped_length"), number(counts, "dropped_subsample")
         share = by_length / raw if by_length is not None and raw else None
+        # The share of the split's own examples the limits and the subsample kept (before any carve):
+        # filter.json's kept_share, or from the counts for a filter.json written before it had one.
+        kept_share = number(counts, "kept_share")
+        if kept_share is None and raw and by_length is not None and by_sample is not None:
+            kept_share = (raw - by_length - by_sample) / raw
         moved = [f"{'+' if key == 'from_train' else '−'}{fmt_int(number(counts, key))} {label}"
                  for key, label in (("from_train", "from train"), ("to_validation", "to validation"),
                                     ("to_test", "to test")) if number(counts, key)]
         rows.append([split, fmt_int(raw), fmt_int(by_length), MISSING if share is None else f"{share:.1%}",
-                     fmt_int(by_sample), ", ".join(moved) or "none", fmt_int(kept)])
+                     fmt_int(by_sample), ", ".join(moved) or "none", fmt_int(kept),
+                     MISSING if kept_share is None else f"{kept_share:.1%}"])
     notes = [str(n) for n in filter_metrics.get("source_notes") or []]
     carve = {"contiguous_tail": "validation/test carved from the end of train, in document order "
                                 "(no document on both sides)",
              "shuffled": "validation/test carved from train by a seeded shuffle"}.get(filter_metrics.get("carve"))
+    share_note = ("kept %: the share of the split's own raw examples within the length limits and "
+                  "drawn by the subsample (before validation/test are carved from train)")
     blocks.append(Table(["split", "raw", "dropped by length", "dropped %", "dropped by subsample", "moved",
-                         "kept"], rows or [[MISSING] * 7], f"Examples through the filter stage ({path})",
-                        ([carve] if carve else []) + notes))
+                         "kept", "kept %"], rows or [[MISSING] * 8], f"Examples through the filter stage ({path})",
+                        ([carve] if carve else []) + [share_note] + notes))
     pct_keys = ("p50", "p90", "p99", "max")
     lengths = filter_metrics.get("length_percentiles")
     lengths = lengths if isinstance(lengths, dict) else {}
