@@ -67,6 +67,34 @@ def combine_masks(mask: Tensor | None, bias: Tensor | None, causal: bool, q_star
     return bias.masked_fill(~mask, float("-inf")), False
 
 
+def future_only_mask(mask: Tensor | None, bias: Tensor | None, q_start: int, q_len: int, k_len: int,
+                     device: torch.device) -> tuple[Tensor, Tensor]:
+    """Seed study 000's decoder mask (ModelConfig.decoder_mask future_only) as (attn_mask, uniform_rows).
+
+    The seed ran `scores.masked_fill(mask == 0, -1e9)` on a mask that is -inf strictly above the
+    diagonal and 0 elsewhere: query i keeps its scores for keys j > i only, and the last query,
+    every score replaced by the same -1e9, attends uniformly to all keys. In a row that keeps a
+    key, -1e9 and -inf give the same softmax (exp underflows to exactly 0), so a mask of j > i says
+    it for both attention paths. A row that keeps none is returned in `uniform_rows` (Lq, 1):
+    MultiHeadAttention zeroes its query and this mask opens the row, so every score is 0 and the
+    softmax is uniform, in the manual path and the fused kernel alike, and no gradient reaches its
+    query or the keys through it, as none does through replaced scores. (An additive -1e9 in the
+    fused kernel would not do: s - 1e9 rounds to steps of 64 in float32, so a score above 32
+    breaks the tie, and autograd would still pass gradients through the scores.)
+    """
+    if mask is not None or q_start != 0 or q_len != k_len:
+        raise ValueError("decoder_mask='future_only' attends over the whole sequence at once "
+                         "(no KV cache, no key mask)")
+    j = torch.arange(k_len, device=device)
+    allowed = j[None, :] > j[:, None]  # (L, L): strictly the future
+    uniform_rows = ~allowed.any(dim=-1, keepdim=True)  # (L, 1): the last row
+    allowed = allowed | uniform_rows
+    if bias is None:
+        return allowed, uniform_rows
+    # The seed replaced the whole row, bias included: the uniform row gets no bias either.
+    return bias.masked_fill(uniform_rows, 0.0).masked_fill(~allowed, float("-inf")), uniform_rows
+
+
 @dataclass
 class KVCache:
     """Keys and values (B, H, L, Dh) of one attention layer, kept between decoding steps."""
@@ -108,11 +136,12 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: Tensor, memory: Tensor | None = None, attn_mask: Tensor | None = None,
                 is_causal: bool = False, rope: Callable[[Tensor, Tensor], Tensor] | None = None,
                 pos: Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, uniform_rows: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """x (B, L, D) -> (B, L, D), plus weights (B, H, L, Lk) when need_weights.
 
         Self-attention appends this call's keys/values to `cache`; cross-attention fills it from
         `memory` on the first call and reuses it afterwards. `rope(t, pos)` rotates q and k.
+        uniform_rows (L, 1), True where a query attends uniformly to every key (future_only_mask).
         """
         b, length, d = x.shape
         if self.cross:
@@ -127,6 +156,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._split(self.qkv_proj(x), 3)  # each (B, H, L, Dh)
             if rope is not None:
                 q, k = rope(q, pos), rope(k, pos)
+            if uniform_rows is not None:
+                q = q.masked_fill(uniform_rows, 0.0)  # scores of 0: a uniform softmax (future_only_mask)
             if cache is not None:
                 if cache.k is not None:
                     k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)

@@ -11,13 +11,14 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm")
+ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm", "target_lm")
 POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
 NORMS = ("layernorm", "rmsnorm", "none")  # none: the "no normalization" ablation
 NORM_POSITIONS = ("post", "pre")
 FFNS = ("relu", "gelu", "silu", "swiglu")
 ATTENTION_IMPLS = ("manual", "sdpa")
 INITS = ("xavier", "gpt2")
+DECODER_MASKS = ("causal", "future_only")
 
 _CHOICES = {
     "arch": ARCHS,
@@ -27,6 +28,7 @@ _CHOICES = {
     "ffn": FFNS,
     "attention_impl": ATTENTION_IMPLS,
     "init": INITS,
+    "decoder_mask": DECODER_MASKS,
 }
 
 
@@ -34,9 +36,13 @@ _CHOICES = {
 class ModelConfig:
     """Hyperparameters and switches of the Transformer; validated on construction.
 
-    Layer-count rule: encoder_decoder uses n_encoder_layers + n_decoder_layers; decoder_only and
-    prefix_lm have a single stack of n_decoder_layers layers and ignore n_encoder_layers (to compare
-    at equal size, set n_decoder_layers in the ablation).
+    Layer-count rule: encoder_decoder uses n_encoder_layers + n_decoder_layers; decoder_only,
+    prefix_lm and target_lm have a single stack of n_decoder_layers layers and ignore
+    n_encoder_layers (to compare at equal size, set n_decoder_layers in the ablation).
+
+    Two switches reproduce defects of the seed studies, to explain their numbers; they are never a
+    baseline and their defaults are the correct model: decoder_mask future_only (seed 000's mask
+    bug) and arch target_lm (seed 003's "decoder-only", which saw no source).
     """
 
     vocab_size: int = 8000  # one vocabulary for source and target (shared SentencePiece model)
@@ -53,7 +59,10 @@ class ModelConfig:
     # it the fused attention kernel can take its flash path; nn.Transformer uses `dropout` here.
     attention_dropout: float = 0.0
     max_len: int = 512  # longest sequence (decoder_only: source + target) the positions cover
-    arch: str = "encoder_decoder"  # encoder_decoder | decoder_only | prefix_lm
+    # encoder_decoder | decoder_only | prefix_lm | target_lm (seed study 003's "decoder-only", to
+    # reproduce its numbers, never a baseline: no encoder and no source, a language model over
+    # bos + target alone, trained and scored on the same target tokens; it decodes unconditionally)
+    arch: str = "encoder_decoder"  # the single-stack archs ignore n_encoder_layers
     positional: str = "sinusoidal"  # sinusoidal | learned | rope | relative | none
     rope_theta: float = 10000.0  # RoPE base; larger = slower rotation, longer wavelengths
     rel_buckets: int = 32  # T5 relative-bias buckets (half per direction when bidirectional)
@@ -75,6 +84,10 @@ class ModelConfig:
     # (GPT-2 and nanoGPT: weights and tables std 0.02, the projections writing into the residual
     # stream std 0.02 / sqrt of their stack's residual sublayers, 2 a layer or 3 with cross-attention)
     init: str = "xavier"  # the initial weights
+    # causal | future_only (seed study 000's mask bug, to reproduce its numbers, never a baseline:
+    # each target position attends only to later ones, the next token included, and the last one
+    # averages every position uniformly; decoding recomputes every step, with no KV cache)
+    decoder_mask: str = "causal"  # the decoder's self-attention mask (encoder and cross-attention keep theirs)
     pad_id: int = 0
     bos_id: int = 2  # starts tgt_in; also the source/target separator in decoder-only archs
     eos_id: int = 3  # generation stops here
@@ -108,6 +121,9 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.relative_bias adds the relative bias to sinusoidal or learned "
                              f"positions, not to positional={self.positional!r} (positional='relative' "
                              "is the bias alone)")
+        if self.decoder_mask == "future_only" and self.arch == "prefix_lm":
+            raise ValueError("ModelConfig.decoder_mask='future_only' is not defined for arch='prefix_lm' "
+                             "(seed 000's bug had no bidirectional prefix): use decoder_only or encoder_decoder")
         if self.rel_buckets < 4:
             raise ValueError(f"ModelConfig.rel_buckets must be >= 4, got {self.rel_buckets}")
         if self.rel_max_distance < self.rel_buckets:

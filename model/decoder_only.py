@@ -1,10 +1,15 @@
-"""Decoder-only Transformer (arch decoder_only) and prefix LM (arch prefix_lm).
+"""Decoder-only Transformer (arch decoder_only), prefix LM (arch prefix_lm) and target-only LM
+(arch target_lm).
 
 One sequence per example: the real (unpadded) source tokens, then tgt_in, whose leading bos is
 the separator: [s_1 .. s_n, bos, t_1 .. t_m]. Each row is packed left-aligned, so a source's
 padding never sits between it and its target and positions do not depend on the batch: padded
-and unpadded batches give the same logits. Logits and loss cover the target positions only.
-prefix_lm lets the source positions attend to each other in both directions.
+and unpadded batches give the same logits (not under decoder_mask future_only, seed 000's bug,
+where the trailing padding is a later position too). Logits and loss cover the target positions only.
+prefix_lm lets the source positions attend to each other in both directions. target_lm drops
+the source whatever the caller passes (seed study 003's "decoder-only"): its sequence is
+[bos, t_1 .. t_m], a language model of the targets, scored on the same target tokens as the
+others, and decoding is unconditional from bos.
 
 Generation left-pads the prompts instead (so all rows are fed their next token together), with
 per-row positions and a key mask, which gives the same logits as the packed forward.
@@ -24,12 +29,16 @@ class DecoderOnly(TransformerBase):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.prefix_lm = cfg.arch == "prefix_lm"
-        # The relative bias needs future buckets only where attention can look ahead (the prefix).
-        self.decoder = Stack(cfg, cfg.n_decoder_layers, cross=False, bidirectional=self.prefix_lm)
+        self.target_only = cfg.arch == "target_lm"  # the source is never read
+        future = cfg.decoder_mask == "future_only"  # seed 000's mask bug: attends to later positions
+        # The relative bias needs future buckets only where attention can look ahead (the prefix,
+        # or every position under future_only).
+        self.decoder = Stack(cfg, cfg.n_decoder_layers, cross=False, bidirectional=self.prefix_lm or future,
+                             future_only=future)
         self._init_weights()
 
     def _src_len(self, src: Tensor | None, batch: int, device: torch.device) -> Tensor:
-        if src is None or src.shape[1] == 0:
+        if self.target_only or src is None or src.shape[1] == 0:
             return torch.zeros(batch, dtype=torch.long, device=device)
         return (src != self.cfg.pad_id).sum(dim=1)  # (B,): sources are right-padded
 
@@ -40,7 +49,7 @@ class DecoderOnly(TransformerBase):
         """Returns seq (B, L) = [source, tgt_in, pad...] left-aligned per row, and src_len (B,)."""
         b, t = tgt_in.shape
         src_len = self._src_len(src, b, tgt_in.device)
-        if src is None or src.shape[1] == 0:
+        if self.target_only or src is None or src.shape[1] == 0:
             return tgt_in, src_len
         length = int(src_len.max()) + t
         j = torch.arange(length, device=tgt_in.device)[None, :]  # (1, L)
@@ -81,7 +90,7 @@ class DecoderOnly(TransformerBase):
         full = weights[-1]["self"][0].mean(0)  # (L, L)
         s, t = int(src_len[0]), tgt_in.shape[1]
         maps = {"decoder.self": full[s:s + t, s:s + t]}
-        if src is not None:
+        if src is not None and not self.target_only:
             width = src.shape[1]
             maps["encoder.self"] = full.new_zeros(width, width)
             maps["encoder.self"][:s, :s] = full[:s, :s]

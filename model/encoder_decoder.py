@@ -17,7 +17,10 @@ class EncoderDecoder(TransformerBase):
         # SentencePiece model gives; otherwise the source gets its own table.
         self.src_embed = None if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.encoder = Stack(cfg, cfg.n_encoder_layers, cross=False, bidirectional=True)
-        self.decoder = Stack(cfg, cfg.n_decoder_layers, cross=True, bidirectional=False)
+        # future_only (seed 000's mask bug) attends to later positions, whose relative-bias buckets
+        # only a bidirectional table tells apart.
+        future = cfg.decoder_mask == "future_only"
+        self.decoder = Stack(cfg, cfg.n_decoder_layers, cross=True, bidirectional=future, future_only=future)
         self._init_weights()
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:

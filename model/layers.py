@@ -107,6 +107,7 @@ class AttentionInputs:
     is_causal: bool = False
     rope: Callable[[Tensor, Tensor], Tensor] | None = None
     pos: Tensor | None = None
+    uniform_rows: Tensor | None = None  # queries that attend uniformly (decoder_mask future_only)
 
 
 class Layer(nn.Module):
@@ -131,7 +132,8 @@ class Layer(nn.Module):
         def self_block(h: Tensor) -> Tensor:
             out, w = self.self_attn(h, attn_mask=self_in.attn_mask, is_causal=self_in.is_causal,
                                     rope=self_in.rope, pos=self_in.pos,
-                                    cache=cache.self_kv if cache else None, need_weights=need_weights)
+                                    cache=cache.self_kv if cache else None, need_weights=need_weights,
+                                    uniform_rows=self_in.uniform_rows)
             if w is not None:
                 weights["self"] = w
             return out

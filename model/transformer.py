@@ -175,8 +175,13 @@ class TransformerBase(nn.Module):
 
     # -- incremental decoding ------------------------------------------------------------------
     def start_decoding(self, src: Tensor, use_cache: bool = True) -> DecodeState:
-        """State before the first target token. src (B, S), possibly (B, 0) for no source."""
-        if use_cache:
+        """State before the first target token. src (B, S), possibly (B, 0) for no source.
+
+        decoder_mask future_only always recomputes: there every position attends to later ones,
+        so each new token changes the outputs (and keys) of all the positions before it, which a
+        cache would keep stale. Slower, and the samples of a model trained with that leak are
+        garbage, but the evaluate stage runs as for any model."""
+        if use_cache and self.cfg.decoder_mask == "causal":
             return self._start_cached(src)
         history = torch.empty(src.shape[0], 0, dtype=torch.long, device=src.device)
         return DecodeState(batch={"src": src, "history": history})

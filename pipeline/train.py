@@ -96,14 +96,17 @@ def flops_per_target_token(model, cfg, mean_src: float, mean_tgt: float) -> floa
 
     6 x weights a token passes through (PaLM, App. B) + 12 x d_model x keys attended per layer.
     Encoder weights see the source tokens, decoder weights and the output projection the target
-    tokens; a decoder-only model runs source and target through one stack. Approximations: the
-    cross-attention key/value projections are counted per target token; norms count as weights;
-    embedding tables (tokens, learned positions) do not.
+    tokens; a decoder-only model runs source and target through one stack, target_lm the target
+    alone (its batches carry sources it never reads). Approximations: the cross-attention key/value
+    projections are counted per target token; norms count as weights; embedding tables (tokens,
+    learned positions) do not.
     """
     def weights(stack) -> int:  # a learned position table inside a stack is a lookup, not a matmul
         tables = {id(p) for m in stack.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
         return sum(p.numel() for p in stack.parameters() if id(p) not in tables)
 
+    if cfg.arch == "target_lm":
+        mean_src = 0.0  # the source is never fed
     d, src_per_tgt = cfg.d_model, mean_src / max(mean_tgt, 1.0)
     head = 6 * d * cfg.vocab_size  # logits are computed for target positions only
     if cfg.arch == "encoder_decoder":

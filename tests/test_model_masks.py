@@ -113,6 +113,10 @@ def test_attention_maps_shapes_and_rows(arch):
     tgt[:, 0] = BOS
     maps = model.attention_maps(src, tgt)
     assert model.training  # restored
+    if arch == "target_lm":  # the source is never read: the target's map alone, each row a distribution
+        assert set(maps) == {"decoder.self"} and (maps["decoder.self"].triu(1) == 0).all()
+        torch.testing.assert_close(maps["decoder.self"].sum(-1), torch.ones(5))
+        return
     assert maps["encoder.self"].shape == (6, 6)
     assert maps["decoder.self"].shape == (5, 5)
     assert maps["decoder.cross"].shape == (5, 6)

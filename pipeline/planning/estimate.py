@@ -107,7 +107,9 @@ def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bo
             seen[id(base)] = base
         return t
 
-    if cfg.arch != "encoder_decoder":  # one packed sequence; packing reads lengths, which meta cannot
+    if cfg.arch == "target_lm":  # the batch carries sources the model never reads
+        src_len = 0
+    elif cfg.arch != "encoder_decoder":  # one packed sequence; packing reads lengths, which meta cannot
         src_len, tgt_len = 0, src_len + tgt_len  # (logits at source positions too: a slight overcount)
     src = torch.ones(rows, src_len, dtype=torch.long, device="meta") if src_len else None
     tgt = torch.ones(rows, tgt_len, dtype=torch.long, device="meta")
@@ -140,7 +142,8 @@ def memory(model, cfg, shape: tuple[int, int, int], bf16: bool) -> dict:
 def guessed_shape(cfg, tcfg: dict, longest: tuple[int, int]) -> tuple[int, int, int]:
     """The largest seq2seq batch without data: the longest examples, as many as batch_tokens holds."""
     src_len, tgt_len = (min(n, cfg.max_len) for n in longest)  # the model takes no longer
-    if cfg.arch != "encoder_decoder" and src_len + tgt_len > cfg.max_len:  # one packed sequence
+    # One packed sequence (target_lm's is the target alone: its sources only count in the batch's size)
+    if cfg.arch not in ("encoder_decoder", "target_lm") and src_len + tgt_len > cfg.max_len:
         src_len = max(1, cfg.max_len - tgt_len)
     return max(1, tcfg["batch_tokens"] // (src_len + tgt_len)), src_len, tgt_len
 
