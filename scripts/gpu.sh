@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # bash run.sh gpu [OUT.json]: the whole GPU path in one run (benchmarks/gpu.py says what it runs).
 # Without a CUDA device: one line, exit 0, nothing installed or run.
-# Each part's log (setup.log, tests.log, bench.log, recipe.log, study.log) and studies.tar.gz go
-# beside OUT.json, which is rewritten after every part, so a run cut short still reports.
+# Each part's log (setup.log, study.log, study_warm.log, bench.log, tests.log; recipe.log and seed.log
+# when named) and studies.tar.gz go beside OUT.json, which is rewritten after every part, so a run
+# cut short still reports. The set-up's time here is the machine's (setup_s); each study part times
+# its own scratch set-up apart from its launch-to-report clock (benchmarks/gpu.py).
 # Set-up, two ways:
 #  - an offline machine whose python3 already imports a CUDA torch (the lent device, where python3
 #    is itself a venv's interpreter): scripts/gpu_env.sh makes that python3 see the wheels carried

@@ -7,6 +7,7 @@
 # the result in DIR instead and leaves reports/studies/ and the docs alone (`bash run.sh gpu` does this).
 set -euo pipefail
 name=${1:?usage: bash run.sh study PRESET}
+started=$(date +%s.%N)  # the scratch project's set-up: from here to the launcher's start
 root=$PWD
 [ -f "presets/$name.yaml" ] || { echo "study: no preset 'presets/$name.yaml'" >&2; exit 2; }
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/study-$name.XXXXXX")
@@ -19,7 +20,11 @@ git init -q && dvc init -q && dvc config core.analytics false
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$scratch/mlflow.db}
 python -m pipeline.preset "$name"
 # The grid launcher: every core (or GPU slot) busy; STUDY_JOBS=1 is the serial `dvc repro`, timed.
-python -m pipeline.grid -j "${STUDY_JOBS:-auto}" --times "$scratch/stage_times.json" 2>&1 | tee "$scratch/repro.log"
+# STUDY_GRID_ARGS passes --warm or --cold on. $scratch/clock holds the set-up's start and the
+# launcher's start (seconds since the epoch): benchmarks/gpu.py times launch to report.md from it.
+echo "$started $(date +%s.%N)" > "$scratch/clock"
+# shellcheck disable=SC2086  # STUDY_GRID_ARGS: words
+python -m pipeline.grid -j "${STUDY_JOBS:-auto}" ${STUDY_GRID_ARGS:-} --times "$scratch/stage_times.json" 2>&1 | tee "$scratch/repro.log"
 out=${STUDY_OUT:-$root/reports/studies/$name}
 rm -rf "$out.tmp" && mkdir -p "$out.tmp"
 cp -r reports/report.md reports/report.html reports/metrics.json reports/details.json reports/figures reports/curves params.yaml "$out.tmp/"
