@@ -12,7 +12,7 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -229,6 +229,60 @@ class Reference(Section):
         return self
 
 
+# report.seed_claims: which keys each way of reading our quantity needs, and which it also takes
+# (pipeline/reporting/claims.py reads them; its docstring says what each reading is).
+CLAIM_READS = {"delta": ({"variant", "metric", "expect"}, {"versus", "seed_value", "tolerance"}),
+               "ppl_ratio": ({"variant", "expect"}, {"versus", "metric", "seed_value"}),
+               "time_ratio": ({"variant", "expect"}, {"versus", "seed_value"}),
+               "value": ({"metric", "seed_value", "tolerance"}, {"variant"}),
+               "filter_kept": ({"seed_value", "tolerance"}, {"split"}),
+               "none": (set(), set())}
+CLAIM_EXPECT = {"delta": ("worse", "better", "same"), "ppl_ratio": ("lower", "higher"),
+                "time_ratio": ("lower", "higher")}
+
+
+class SeedClaim(Section):
+    """One claim of the seed study, and how to read our same quantity from the report's own data
+    (never a number of ours typed in): the report's "Seed's claims" section sets them side by side."""
+    claim: str  # the claim in the seed's words, short
+    seed_says: str  # the seed's number or words, quoted exactly
+    quantity: str  # what quantity that is, in words
+    read: Literal["delta", "ppl_ratio", "time_ratio", "value", "filter_kept", "none"]
+    variant: str | None = None  # a key of ablations (value: the baseline when unset)
+    versus: str | None = None  # delta, ratios: the variant it is compared with (the baseline when unset)
+    metric: str | None = None  # a reported metric (value: or train_loss, train.json's last logged)
+    split: str | None = None  # filter_kept: the filter.json split (train when unset)
+    expect: Literal["worse", "better", "same", "lower", "higher"] | None = None  # the seed's direction
+    seed_value: float | None = None  # the seed's number on our quantity's scale
+    # value, filter_kept: how near counts as the same (not needed with comparable false); delta same: the margin
+    tolerance: float | None = Field(None, ge=0)
+    comparable: bool = True  # false: ours is shown, the check says "cannot check here" (why says why)
+    why: str  # the reason beside the check: the arm that differs, the leak, the data, placeholders
+
+    @model_validator(mode="after")
+    def _keys_of_its_read(self) -> "SeedClaim":
+        needs, takes = CLAIM_READS[self.read]
+        if not self.comparable:  # shown, not checked: no margin of "the same" to give
+            needs, takes = needs - {"tolerance"}, takes | {"tolerance"}
+        given = {k for k in self.model_fields_set if getattr(self, k) is not None}
+        expects = ", ".join(CLAIM_EXPECT.get(self.read, ()))
+        if missing := sorted(needs - given):
+            raise ValueError(f"read {self.read} needs {missing[0]}"
+                             + (f" ({expects})" if missing[0] == "expect" else ""))
+        if extra := sorted(given & {"variant", "versus", "metric", "split", "expect", "seed_value", "tolerance"}
+                           - needs - takes):
+            raise ValueError(f"read {self.read} does not take {extra[0]}")
+        if self.expect is not None and self.expect not in CLAIM_EXPECT[self.read]:
+            raise ValueError(f"read {self.read} takes expect {expects}, not {self.expect!r}")
+        if self.read == "delta" and self.tolerance is not None and self.expect != "same":
+            raise ValueError("read delta takes tolerance with expect same only (the margin of 'no difference')")
+        if self.versus is not None and self.versus == self.variant:
+            raise ValueError(f"versus {self.versus!r} is the claim's variant itself")
+        if self.read == "ppl_ratio" and self.metric not in (None, "val_loss", "test_loss"):
+            raise ValueError(f"read ppl_ratio is exp(Δ val_loss or test_loss): metric {self.metric!r} is neither")
+        return self
+
+
 class ReportParams(Section):
     baseline: str = "baseline"
     experiment: str = "ablation-lab"  # MLflow experiment that holds every run
@@ -240,6 +294,8 @@ class ReportParams(Section):
     # The one metric whose paired test vs the baseline is not corrected for multiplicity; None:
     # val_loss (pipeline.reporting.results.DEFAULT_PRIMARY says why). The others are Holm-corrected.
     primary_metric: str | None = None
+    # The seed study's claims beside ours (pipeline/reporting/claims.py); empty: no such section.
+    seed_claims: list[SeedClaim] = []
 
 
 class KnockoutParams(Section):
@@ -325,6 +381,15 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _claims_name_variants(self) -> "Params":
+        for i, claim in enumerate(self.report.seed_claims):
+            for key in ("variant", "versus"):
+                if getattr(claim, key) is not None and getattr(claim, key) not in self.ablations:
+                    raise ValueError(f"report.seed_claims.{i}.{key}: {getattr(claim, key)!r} is not a variant in "
+                                     f"ablations (have: {', '.join(self.ablations)})")
+        return self
+
+    @model_validator(mode="after")
     def _knockout_seeds_trained(self) -> "Params":
         chosen = self.knockout.seeds
         if chosen == "all":
@@ -385,8 +450,12 @@ def unknown_key(path: str, key: str, known: list[str]) -> str:
 def fields_at(model: type[BaseModel], path: tuple | list) -> list[str]:
     """Field names of the (nested) pydantic model at `path` below `model`, or [] if none is there."""
     for name in path:
+        if isinstance(name, int):  # an item of a list: the list's own model, already taken
+            continue
         field = model.model_fields.get(name)
         model = field.annotation if field else None
+        # list[X] and X | None: their model X
+        model = next((a for a in get_args(model) if isinstance(a, type) and issubclass(a, BaseModel)), model)
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return []
     return list(model.model_fields)

@@ -7,6 +7,9 @@
 Design decisions:
 - Reads only the stage outputs (train.json, curves, eval.json, samples, attention, filter.json,
   data/raw/meta.json, the shards' manifest.json); every number in the report comes from those files.
+- A preset that reruns a seed study lists the seed's claims (report.seed_claims); the section after
+  the verdict sets each beside our number on the same quantity, checked by our verdict
+  (pipeline.reporting.claims). Without claims there is no such section.
 - The answer first: one verdict line per ablation on the primary metric and the Δ figure open the
   report (pipeline.reporting.verdict); the tables that support them follow.
 - A preset's report.notes are quoted as its author's text beside the generated facts about the
@@ -41,6 +44,7 @@ from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
 from pipeline.params import ReportParams, TrainParams, read_yaml, stage_error
 from pipeline.params import knockout_seeds as selected_knockout_seeds  # the report has its own below
 from pipeline.reporting import sweeps
+from pipeline.reporting.claims import check_claims, claims_blocks, claims_summary
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
 from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
@@ -75,6 +79,7 @@ def render_report(
     raw_dir: Path | None = None, shards: Path | None = None, notes_data_digest: str | None = None,
     download_metrics: Path | None = None,
     knockout_seeds: Sequence[int] = (), ablations: Mapping[str, Mapping | None] | None = None,
+    seed_claims: Sequence[Mapping] = (),
 ) -> list[RunFiles]:
     """Write report.md, report.html, figures/*.png, metrics.json, details.json and curves/ into `out_dir`.
 
@@ -119,6 +124,7 @@ def render_report(
             verdict_blocks(results, variants, baseline)
             + delta_blocks(results, baseline, colors, tmp / "figures")
             + [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
+            + claims_blocks(seed_claims, results, runs, seeds, baseline, filt)
             + setup_blocks(runs, variants, seeds, baseline, budget, task)
             + notes_blocks(notes, notes_data_digest, raw_meta, filt, manifest)
             + results_blocks(results, variants, baseline, runs, seeds)
@@ -149,6 +155,8 @@ def render_report(
             details["scales"] = sweeps.scale_summary(scaled)
         if knockouts:
             details["knockout"] = knockout_summary(knockouts)
+        if seed_claims:  # the seed study's claims beside ours, checked (absent without claims)
+            details["seed_claims"] = claims_summary(seed_claims, results, runs, seeds, baseline, filt)
         if reference:  # the reference beside our same quantity (benchmarks/gpu.py reads it)
             details["reference"] = reference_summary(results, baseline, reference, runs, seeds)
         (tmp / "details.json").write_text(json.dumps(details, indent=2) + "\n")
@@ -194,7 +202,8 @@ def _read_params(path: Path) -> dict:
         ReportParams.model_validate(params.get("report") or {})
     except ValidationError as e:
         err = e.errors()[0]
-        raise ReportInputError(f"{path}: report.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise ReportInputError(f"{path}: report.{'.'.join(map(str, err['loc']))}: "
+                               f"{err['msg'].removeprefix('Value error, ')}") from None
     primary = (params.get("report") or {}).get("primary_metric")
     if primary is not None and primary not in BASE_METRICS + TASK_METRICS:
         raise ReportInputError(f"{path}: report.primary_metric {primary!r} is not a reported metric "
@@ -205,6 +214,8 @@ def _read_params(path: Path) -> dict:
     baseline = (params.get("report") or {}).get("baseline", "baseline")
     if baseline not in params["ablations"]:
         raise ReportInputError(f"{path}: report.baseline {baseline!r} is not a key of 'ablations'")
+    check_claims((params.get("report") or {}).get("seed_claims") or [], [str(v) for v in params["ablations"]],
+                 str(path))
     sweep = params.get("lr_sweep") or []
     if not isinstance(sweep, list) or not all(type(x) in (int, float) and x > 0 for x in sweep):
         raise ReportInputError(f"{path}: key 'lr_sweep' must be a list of positive numbers")
@@ -264,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raw_dir=args.raw, shards=args.shards, notes_data_digest=report.get("notes_data_digest"),
             download_metrics=args.download_metrics,
             knockout_seeds=knockout_seeds(params), ablations=params["ablations"],
+            seed_claims=report.get("seed_claims") or [],
         )
     except (ReportInputError, DiskFull) as e:
         raise stage_error("report", e) from None

@@ -229,7 +229,10 @@ def test_language_model_preset_wall_within_tolerance(study):
     params = load_params(report.parent / "params.yaml")
     ran, preset = (load_params(p).model_dump(exclude={"report"}) for p in (
         report.parent / "params.yaml", ROOT / "presets" / f"{study}.yaml"))
-    assert ran == preset  # the report's notes and digest do not change what was timed
+    # The report's notes, digest and claims do not change what was timed; arms the preset added
+    # since (tiny_shakespeare_cpu's as-seed runs) were not timed, and every arm timed is the preset's.
+    assert ran["ablations"].items() <= preset.pop("ablations").items()
+    assert ran | {"ablations": None} == preset | {"ablations": None}
     assert_within(predicted_vs_measured(report, params, None))
 
 

@@ -5,6 +5,7 @@ stats          mean, t-interval, paired deltas, power and Holm over seeds (pure 
 formatting     how a number is written (one place, so every table and the docs' study table agree)
 results        each variant's summary and tested Δ vs the baseline: the numbers behind it all
 verdict        the report's answer first: one line per ablation on the primary metric
+claims         the seed study's claims beside ours (report.seed_claims), checked by our verdict
 tables         the report's result, setup, sample and per-run tables
 cost           the training-cost table and what counts as a contended timing
 data_tables    what the download and filter stages did to the examples

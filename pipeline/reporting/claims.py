@@ -1,0 +1,233 @@
+"""The seed study's claims beside ours: report.seed_claims, one row each, checked by our verdict.
+
+A preset that reruns a seed study (shared/seeds) lists what that study claimed: the claim in its
+words, its number or words, the quantity that is, and how to read our same quantity from this
+report's own data (`read`); never a number of ours typed into the preset. The readings:
+
+- delta: Δ `metric` of `variant` vs the baseline, paired by seed (the Δ table's, with its interval);
+  expect worse / better / same. With `versus` another variant, the same paired t-test against it
+  (not in the Δ table): a seed's two arms that both differ from our baseline, e.g. both with its mask.
+- ppl_ratio: the variant's perplexity ÷ the baseline's, exp(Δ `metric`) (val_loss unless test_loss),
+  the geometric mean of the per-seed ratios, its interval exp() of the Δ's; expect lower / higher.
+- time_ratio: the variant's training wall time ÷ the baseline's (train.json wall_time_s), paired by
+  seed on the log scale like ppl_ratio; expect lower / higher.
+- value: the variant's (the baseline's when unset) mean `metric` over seeds with its interval, or
+  train.json's train_loss (the last logged training loss) or wall_time_s, beside `seed_value` ±
+  `tolerance`.
+- filter_kept: the share of `split` (train) the length filter kept (filter.json), beside
+  `seed_value` ± `tolerance`.
+- none: nothing here measures it.
+
+The check is our verdict's. A direction (worse/better, lower/higher) agrees when the verdict of
+the Δ behind it (the primary metric's uncorrected test, a secondary metric's Holm-corrected one, a
+derived metric's source's; against `versus`, and for a time ratio on the log times, the same
+paired t-test, uncorrected) says that direction, contradicts when it says the other, and is undecided when there is no
+significant difference: the interval holds 0. `same` agrees when the whole interval lies within ±
+`tolerance`, contradicts when it lies outside (without a tolerance: when the verdict finds a
+difference), else undecided. A value agrees when our whole interval lies within `seed_value` ±
+`tolerance`, contradicts when none of it does. "Cannot check here" when the quantity is absent
+(no run, no file, no value) or the claim says it is not comparable (`comparable: false`, `read:
+none`); `why` says why in every case.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from pipeline.reporting.cost import contended
+from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_p
+from pipeline.reporting.inputs import ReportInputError, number, values_by_seed
+from pipeline.reporting.render import Block, Heading, Paragraph, Table
+from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, Results
+from pipeline.reporting.stats import Delta, higher_is_better, paired_delta, summarize
+
+AGREE, CONTRADICT, UNDECIDED, CANNOT = "agree", "contradict", "undecided", "cannot check here"
+TRAIN_VALUES = ("train_loss", "wall_time_s")  # value readings taken from train.json rather than eval.json
+
+
+def check_claims(claims: Sequence[Mapping], variants: Sequence[str], where: str) -> None:
+    """The keys the params schema cannot check alone: variants of this study, reported metrics."""
+    for i, c in enumerate(claims):
+        key = f"{where}: report.seed_claims.{i}"
+        for name in ("variant", "versus"):
+            if c.get(name) is not None and c[name] not in variants:
+                raise ReportInputError(f"{key}.{name}: {c[name]!r} is not a variant in ablations "
+                                       f"(have: {', '.join(variants)})")
+        known = BASE_METRICS + TASK_METRICS + (TRAIN_VALUES if c.get("read") == "value" else ())
+        if c.get("metric") is not None and c["metric"] not in known:
+            raise ReportInputError(f"{key}.metric: {c['metric']!r} is not a reported metric ({', '.join(known)})")
+
+
+def _direction(verdict: str) -> str | None:
+    """'worse' / 'better' when the verdict found a difference, else None."""
+    return next((w for w in ("worse", "better") if verdict.startswith(w)), None)
+
+
+def _delta(results: Results, runs: Mapping, seeds: Sequence[int], variant: str, versus: str, baseline: str,
+           metric: str) -> Delta | None:
+    """The Δ table's Δ vs the baseline; against another variant the same paired t-test, uncorrected."""
+    if versus == baseline:
+        return results.deltas.get(variant, {}).get(metric)
+    values = [values_by_seed(runs, v, seeds, "eval", metric) for v in (variant, versus)]
+    return paired_delta(*values, higher_is_better(metric))
+
+
+def _interval(mean: float, half: float | None) -> tuple[float, float] | None:
+    return None if half is None else (mean - half, mean + half)
+
+
+def _ci_text(low_high: tuple[float, float] | None) -> str:
+    return "no interval" if low_high is None else f"95% CI [{fmt(low_high[0], 3)}, {fmt(low_high[1], 3)}]"
+
+
+def _inside(value: float | None, low_high: tuple[float, float] | None) -> str:
+    if value is None or low_high is None:
+        return ""
+    where = "inside" if low_high[0] <= value <= low_high[1] else "outside"
+    return f"; the seed's {fmt(value)} is {where} it"
+
+
+def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int], baseline: str,
+               filter_metrics: Mapping | None) -> dict:
+    """Our number on the claim's quantity and the check: {"ours": text, "status", "reason",
+    "mean", "low", "high", "n"} (numbers None where absent)."""
+    read, variant, metric = claim["read"], claim.get("variant"), claim.get("metric")
+    out = {"ours": MISSING, "status": CANNOT, "reason": "", "mean": None, "low": None, "high": None, "n": 0}
+    if read == "none":
+        return {**out, "reason": "nothing in this study measures it"}
+    versus = claim.get("versus") or baseline
+    if read in ("delta", "ppl_ratio", "time_ratio") and variant == versus:
+        return {**out, "reason": f"{variant} is the variant it is compared with: no Δ"}
+    vs = "" if versus == baseline else f" vs {versus} (paired t-test, not in the Δ table)"
+    direction = None  # 'worse'/'better' (delta) or 'lower'/'higher' (ratios) as our verdict says; None: no difference
+    if read in ("delta", "ppl_ratio"):
+        metric = metric or "val_loss"
+        d = _delta(results, runs, seeds, variant, versus, baseline, metric)
+        if d is None or d.mean is None:
+            return {**out, "reason": f"no Δ {metric} of {variant} vs {versus} in this study's runs"}
+        source = DERIVED.get(metric) if metric != results.primary else None
+        tested = (_delta(results, runs, seeds, variant, versus, baseline, source) or d) if source else d
+        verdict = tested.verdict
+        low_high = _interval(d.mean, d.half_width)
+        if read == "delta":
+            mean = d.mean
+            ours = (f"Δ{vs} {mean:+.3g} ({_ci_text(low_high)}, {d.n} paired seed{'s' * (d.n != 1)}, "
+                    f"p {fmt_p(tested.p_value)}{f' of {source}' if source else ''}): {verdict}")
+            direction = _direction(verdict)
+        else:
+            mean = math.exp(d.mean)
+            low_high = None if low_high is None else (math.exp(low_high[0]), math.exp(low_high[1]))
+            ours = (f"ratio{vs} {fmt(mean)} ({_ci_text(low_high)}; exp of Δ {metric} {d.mean:+.3g}, "
+                    f"p {fmt_p(tested.p_value)}): {verdict}")
+            direction = {"worse": "higher", "better": "lower"}.get(_direction(verdict) or "")
+        n = d.n
+    elif read == "time_ratio":
+        times = {v: {s: math.log(t) for s, t in values_by_seed(runs, v, seeds, "train", "wall_time_s").items() if t > 0}
+                 for v in (variant, versus)}
+        d = paired_delta(times[variant], times[versus], higher_better=False)
+        if d.mean is None:
+            return {**out, "reason": f"no paired training wall times (train.json) for {variant} and {versus}"}
+        mean, low_high, n = math.exp(d.mean), _interval(d.mean, d.half_width), d.n
+        low_high = None if low_high is None else (math.exp(low_high[0]), math.exp(low_high[1]))
+        direction = {"worse": "higher", "better": "lower"}.get(_direction(d.verdict) or "")
+        ours = (f"ratio {fmt(mean)} ({_ci_text(low_high)}, {n} paired seed{'s' * (n != 1)}, "
+                f"p {fmt_p(d.p_value)}, paired t-test of log wall time): "
+                + (f"{direction} than {versus}'s" if direction else d.verdict))
+        timed = [(variant, s) for s in seeds] + [(versus, s) for s in seeds]
+        if any(contended(runs[k].train) for k in timed if k in runs):
+            ours += " ⚠ some of these runs were timed under contention (Training cost)"
+    elif read == "value":
+        variant = variant or baseline
+        if metric in TRAIN_VALUES:
+            values = values_by_seed(runs, variant, seeds, "train", metric)
+            s = summarize(list(values.values()))
+            where = f"train.json {metric}" + (", last logged" if metric == "train_loss" else "")
+        else:
+            s = results.summaries.get(variant, {}).get(metric)
+            where = f"{metric} {arrow(metric)}"
+        if s is None or s.mean is None:
+            return {**out, "reason": f"no {metric} for {variant} in this study's runs"}
+        mean, n = s.mean, s.n
+        low_high = _interval(s.mean, s.half_width)
+        ours = f"{variant}, {where}: {fmt(mean)} ({_ci_text(low_high)}, {n} seed{'s' * (n != 1)})"
+    else:  # filter_kept
+        split = claim.get("split") or "train"
+        counts = ((filter_metrics or {}).get("splits") or {}).get(split)
+        raw, dropped = number(counts, "raw"), number(counts, "dropped_length")
+        if not raw or dropped is None:
+            return {**out, "reason": f"no {split} split counts in filter.json"}
+        mean, n = (raw - dropped) / raw, 1
+        low_high = (mean, mean)  # a count, not an estimate over seeds
+        ours = f"{mean:.1%} of {split} kept by length ({round(raw - dropped):,} of {round(raw):,}; filter.json)"
+    low, high = low_high if low_high is not None else (None, None)
+    if claim.get("seed_value") is not None and read in ("delta", "ppl_ratio", "time_ratio"):
+        ours += _inside(claim["seed_value"], low_high)
+    out.update(ours=ours, mean=mean, low=low, high=high, n=n)
+    if not claim.get("comparable", True):
+        return {**out, "reason": "not the same quantity as the seed's (comparable: false)"}
+    status, reason = _check(claim, read, direction, mean, low_high)
+    return {**out, "status": status, "reason": reason}
+
+
+def _check(claim: Mapping, read: str, direction: str | None, mean: float,
+           low_high: tuple[float, float] | None) -> tuple[str, str]:
+    expect, tol = claim.get("expect"), claim.get("tolerance")
+    if read in ("value", "filter_kept"):
+        target, span = claim["seed_value"], f"{fmt(claim['seed_value'])} ± {fmt(tol)}"
+        low, high = low_high if low_high is not None else (mean, mean)
+        if target - tol <= low and high <= target + tol:
+            return AGREE, f"ours lies within {span}"
+        if high < target - tol or low > target + tol:
+            return CONTRADICT, f"ours lies outside {span}"
+        return UNDECIDED, f"our interval reaches both inside and outside {span}"
+    if low_high is None and direction is None:
+        return UNDECIDED, "no test: one paired seed has no interval"
+    if expect == "same":
+        if tol is not None and low_high is not None:
+            if -tol <= low_high[0] and low_high[1] <= tol:
+                return AGREE, f"our interval lies within ±{fmt(tol)}"
+            if low_high[0] > tol or low_high[1] < -tol:
+                return CONTRADICT, f"our interval lies outside ±{fmt(tol)}"
+            return UNDECIDED, f"our interval reaches beyond ±{fmt(tol)}"
+        if direction is not None:
+            return CONTRADICT, f"our verdict: {direction}"
+        return UNDECIDED, "no significant difference, which is not evidence of none (no margin given)"
+    if direction is None:
+        return UNDECIDED, "no significant difference: our interval holds " + ("1" if read != "delta" else "0")
+    return (AGREE if direction == expect else CONTRADICT), f"our verdict: {direction}, the seed's: {expect}"
+
+
+def claims_blocks(claims: Sequence[Mapping], results: Results, runs: Mapping, seeds: Sequence[int],
+                  baseline: str, filter_metrics: Mapping | None) -> list[Block]:
+    """The "Seed's claims" section: one row per claim, ours beside the seed's; [] without claims."""
+    if not claims:
+        return []
+    rows, counts = [], {}
+    for c in claims:
+        r = read_claim(c, results, runs, seeds, baseline, filter_metrics)
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        rows.append([c["claim"], c["seed_says"], c["quantity"], r["ours"], f"{r['status']}: {r['reason']}",
+                     c["why"]])
+    tally = ", ".join(f"{counts[s]} {s}" for s in (AGREE, CONTRADICT, UNDECIDED, CANNOT) if s in counts)
+    return [
+        Heading("Seed's claims"),
+        Paragraph(f"What the seed study claimed (params.yaml report.seed_claims, the preset's), beside our number "
+                  f"on the same quantity read from this report's data: {tally}. The check is our verdict's: a "
+                  "direction agrees when our test finds it (95% interval clear of no difference), contradicts "
+                  "when it finds the other, is undecided when the interval holds no difference; a value agrees "
+                  "when our whole interval lies within the seed's number ± the claim's tolerance; cannot check "
+                  "here when the quantity is absent or not the seed's."),
+        Table(["claim (the seed's words)", "the seed", "quantity", "ours", "check", "why"], rows,
+              "The seed's claims, checked"),
+    ]
+
+
+def claims_summary(claims: Sequence[Mapping], results: Results, runs: Mapping, seeds: Sequence[int],
+                   baseline: str, filter_metrics: Mapping | None) -> list[dict]:
+    """details.json's "seed_claims": each claim's reading and check."""
+    out = []
+    for c in claims:
+        r = read_claim(c, results, runs, seeds, baseline, filter_metrics)
+        out.append({"claim": c["claim"], **{k: c.get(k) for k in ("read", "variant", "versus", "metric", "seed_value")},
+                    **{k: r[k] for k in ("status", "mean", "low", "high", "n")}})
+    return out

@@ -1,0 +1,214 @@
+"""report.seed_claims: validated like every key, checked by our verdict, rendered after it, absent by default."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.params import ParamsError, load_params
+from pipeline.report import _read_params, render_report
+from pipeline.reporting.claims import AGREE, CANNOT, CONTRADICT, UNDECIDED, claims_blocks, read_claim
+from pipeline.reporting.inputs import ReportInputError, Run
+from pipeline.reporting.results import compute_results
+from tests.fixtures.report.fake_runs import make_project
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS = [0, 1, 2]
+# variant -> its val_loss minus the baseline's at seeds 0, 1, 2
+SHIFTS = {"baseline": (0.0, 0.0, 0.0), "worse": (0.50, 0.55, 0.45), "better": (-0.3, -0.25, -0.35),
+          "straddles": (0.05, -0.06, 0.02)}
+BASE = (2.0, 2.1, 1.9)
+
+
+def claim(**keys) -> dict:
+    return {"claim": "it hurts", "seed_says": "loss 1.25 vs 0.85", "quantity": "Δ val_loss", "why": "same arm",
+            **keys}
+
+
+@pytest.fixture(scope="module")
+def study():
+    runs = {}
+    for v, shifts in SHIFTS.items():
+        for s, (b, d) in enumerate(zip(BASE, shifts)):
+            loss = b + d
+            runs[(v, s)] = Run(v, s, train={"wall_time_s": 100.0 * (0.5 if v == "better" else 1.0) + s,
+                                            "train_loss": loss - 0.2, "threads": 2},
+                               eval={"val_loss": loss, "val_ppl": math.exp(loss), "test_loss": loss + 0.01,
+                                     "test_ppl": math.exp(loss + 0.01)})
+    results = compute_results(runs, list(SHIFTS), SEEDS, "baseline")
+    filt = {"splits": {"train": {"raw": 1000, "dropped_length": 930, "kept": 70}}}
+    return results, runs, filt
+
+
+def check(study, **keys) -> dict:
+    results, runs, filt = study
+    return read_claim(claim(**keys), results, runs, SEEDS, "baseline", filt)
+
+
+@pytest.mark.parametrize("variant, expect, status", [
+    ("worse", "worse", AGREE),  # our interval above 0, the seed says worse
+    ("worse", "better", CONTRADICT),
+    ("better", "worse", CONTRADICT),  # our interval below 0
+    ("better", "better", AGREE),
+    ("straddles", "worse", UNDECIDED),  # our interval holds 0
+])
+def test_a_direction_is_checked_by_our_verdict(study, variant, expect, status):
+    r = check(study, read="delta", variant=variant, metric="val_loss", expect=expect)
+    assert r["status"] == status
+    assert (r["low"] > 0) == (variant == "worse") and (r["high"] < 0) == (variant == "better")
+    if status == UNDECIDED:
+        assert r["low"] < 0 < r["high"] and "no significant difference" in r["reason"]
+
+
+def test_versus_compares_two_arms_that_both_differ_from_the_baseline(study):
+    # e.g. the seed's no-positional run against its full model, both with its leaking mask
+    r = check(study, read="delta", variant="worse", versus="better", metric="val_loss", expect="worse")
+    deltas = [w - b for w, b in zip(SHIFTS["worse"], SHIFTS["better"])]
+    assert r["status"] == AGREE and r["mean"] == pytest.approx(sum(deltas) / 3)
+    assert r["ours"].startswith("Δ vs better (paired t-test, not in the Δ table) +0.8")
+    assert check(study, read="delta", variant="better", versus="worse", metric="val_loss",
+                 expect="worse")["status"] == CONTRADICT
+
+
+def test_one_seed_has_no_interval_and_decides_nothing(study):
+    results, runs, filt = study
+    one = compute_results(runs, list(SHIFTS), [0], "baseline")
+    r = read_claim(claim(read="delta", variant="worse", metric="val_loss", expect="worse"), one, runs, [0], "baseline",
+                   filt)
+    assert r["status"] == UNDECIDED and "one paired seed" in r["reason"] and "no interval" in r["ours"]
+
+
+def test_a_derived_metric_is_checked_by_its_sources_test(study):
+    r = check(study, read="delta", variant="worse", metric="test_ppl", expect="worse")
+    assert r["status"] == AGREE and "of test_loss" in r["ours"]
+
+
+def test_a_quantity_this_study_lacks_cannot_be_checked_here(study):
+    for keys in ({"read": "delta", "variant": "worse", "metric": "bleu", "expect": "worse"},  # no such metric here
+                 {"read": "value", "metric": "rougeL", "seed_value": 0.3, "tolerance": 0.1},
+                 {"read": "none"}):
+        r = check(study, **keys)
+        assert r["status"] == CANNOT and r["reason"]
+    results, runs, _ = study
+    r = read_claim(claim(read="filter_kept", seed_value=0.07, tolerance=0.02), results, runs, SEEDS, "baseline", None)
+    assert r["status"] == CANNOT and "filter.json" in r["reason"]
+
+
+def test_not_comparable_shows_ours_but_does_not_check(study):
+    r = check(study, read="delta", variant="worse", metric="val_loss", expect="worse", comparable=False)
+    assert r["status"] == CANNOT and r["ours"].startswith("Δ +0.5")
+
+
+def test_ppl_ratio_is_exp_of_the_loss_delta_and_its_interval(study):
+    results, _, _ = study
+    d = results.deltas["better"]["val_loss"]
+    r = check(study, read="ppl_ratio", variant="better", expect="lower", seed_value=0.953)
+    assert r["status"] == AGREE
+    assert r["mean"] == pytest.approx(math.exp(d.mean))
+    assert (r["low"], r["high"]) == pytest.approx((math.exp(d.mean - d.half_width), math.exp(d.mean + d.half_width)))
+    assert "the seed's 0.953 is outside it" in r["ours"]
+    assert check(study, read="ppl_ratio", variant="worse", expect="lower")["status"] == CONTRADICT
+
+
+def test_time_ratio_pairs_the_wall_times_by_seed(study):
+    r = check(study, read="time_ratio", variant="better", expect="lower", seed_value=0.333)
+    assert r["status"] == AGREE and r["high"] < 1 and "lower than baseline's" in r["ours"]
+    assert check(study, read="time_ratio", variant="better", expect="higher")["status"] == CONTRADICT
+
+
+def test_a_value_agrees_within_the_tolerance(study):
+    mean = sum(b + d for b, d in zip(BASE, SHIFTS["worse"])) / 3
+    near = check(study, read="value", variant="worse", metric="val_loss", seed_value=mean, tolerance=1.0)
+    assert near["status"] == AGREE
+    assert check(study, read="value", variant="worse", metric="val_loss", seed_value=0.178,
+                 tolerance=0.1)["status"] == CONTRADICT
+    train = check(study, read="value", variant="worse", metric="train_loss", seed_value=0.0065, tolerance=0.1)
+    assert train["status"] == CONTRADICT and "train.json train_loss" in train["ours"]
+
+
+def test_filter_share_is_read_from_filter_json(study):
+    r = check(study, read="filter_kept", seed_value=0.07, tolerance=0.02)
+    assert r["status"] == AGREE and r["mean"] == pytest.approx(0.07) and "70 of 1,000" in r["ours"]
+    assert check(study, read="filter_kept", seed_value=0.5, tolerance=0.02)["status"] == CONTRADICT
+
+
+def test_same_needs_a_margin_to_agree(study):
+    assert check(study, read="delta", variant="straddles", metric="val_loss", expect="same")["status"] == UNDECIDED
+    assert check(study, read="delta", variant="straddles", metric="val_loss", expect="same",
+                 tolerance=1.0)["status"] == AGREE
+    assert check(study, read="delta", variant="worse", metric="val_loss", expect="same")["status"] == CONTRADICT
+
+
+def write_params(tmp_path: Path, claims) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"seeds": [0], "ablations": {"baseline": {}, "worse": {}},
+                                    "report": {"seed_claims": claims}}))
+    return path
+
+
+@pytest.mark.parametrize("keys, named", [
+    ({"read": "delta", "variant": "worse", "metric": "val_loss", "expct": "worse"},
+     "report.seed_claims.0.expct: unknown key (did you mean 'expect'?)"),
+    ({"read": "delta", "variant": "worse", "metric": "val_loss"}, "report.seed_claims.0: read delta needs expect"),
+    ({"read": "delta", "variant": "worse", "metric": "val_loss", "expect": "lower"},
+     "read delta takes expect worse, better, same"),
+    ({"read": "none", "metric": "val_loss"}, "read none does not take metric"),
+    ({"read": "delta", "variant": "nope", "metric": "val_loss", "expect": "worse"},
+     "report.seed_claims.0.variant: 'nope' is not a variant"),
+    ({"read": "sign"}, "report.seed_claims.0.read:"),
+    ({"read": "delta", "variant": "worse", "versus": "basline", "metric": "val_loss", "expect": "worse"},
+     "report.seed_claims.0.versus: 'basline' is not a variant"),
+])
+def test_a_bad_claim_is_a_one_line_error_naming_its_key(tmp_path, keys, named):
+    path = write_params(tmp_path, [claim(**keys)])
+    with pytest.raises(ParamsError) as info:
+        load_params(path)
+    assert named in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ReportInputError) as info:  # the report stage checks its own key too
+        _read_params(path)
+    assert "report.seed_claims.0" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_report_stage_checks_a_claims_metric(tmp_path):
+    path = write_params(tmp_path, [claim(read="delta", variant="worse", metric="val_los", expect="worse")])
+    with pytest.raises(ReportInputError, match=r"report\.seed_claims\.0\.metric: 'val_los' is not a reported metric"):
+        _read_params(path)
+
+
+def test_the_section_opens_the_body_after_the_verdict(tmp_path):
+    p = make_project(tmp_path)
+    claims = [claim(read="delta", variant="no_ffn", metric="val_loss", expect="worse"),
+              claim(claim="one head degrades", read="delta", variant="single_head", metric="val_loss", expect="worse",
+                    comparable=False, why="the seed's table is placeholders")]
+    out = tmp_path / "reports"
+    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, out, seed_claims=claims)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert md.index("## Verdict") < md.index("## Seed's claims") < md.index("## Setup")
+    rows = [line for line in md.splitlines() if line.startswith("| it hurts") or line.startswith("| one head")]
+    assert len(rows) == 2 and "| agree: our verdict: worse, the seed's: worse | same arm |" in rows[0]
+    assert "cannot check here" in rows[1] and "placeholders" in rows[1]
+    assert "1 agree, 1 cannot check here" in md
+    html = (out / "report.html").read_text()
+    assert "Seed&#x27;s claims" in html or "Seed's claims" in html
+    details = json.loads((out / "details.json").read_text())
+    assert [c["status"] for c in details["seed_claims"]] == [AGREE, CANNOT]
+
+
+def test_default_params_give_no_section(tmp_path):
+    assert load_params(ROOT / "params.yaml").report.seed_claims == []
+    assert claims_blocks([], None, {}, [], "baseline", None) == []
+    p = make_project(tmp_path)
+    out = tmp_path / "reports"
+    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, out)
+    assert "Seed's claims" not in (out / "report.md").read_text(encoding="utf-8")
+    assert "seed_claims" not in json.loads((out / "details.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["cnn_dailymail", "cnn_dailymail_cpu", "tiny_shakespeare", "tiny_shakespeare_cpu",
+                                  "tinystories", "tinystories_cpu", "multi30k_cpu", "iwslt2017"])
+def test_every_seed_preset_lists_its_seeds_claims(name):
+    claims = load_params(ROOT / "presets" / f"{name}.yaml").report.seed_claims
+    assert claims and all(c.why.strip() for c in claims)
