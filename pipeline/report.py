@@ -47,6 +47,7 @@ from pipeline.reporting import sweeps
 from pipeline.reporting.claims import check_claims, claims_blocks, claims_summary
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
+from pipeline.reporting.fingerprint import fingerprint
 from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
 from pipeline.reporting.knockout import knockout_blocks, knockout_summary, load_knockouts, mirror_knockouts
 from pipeline.reporting.loss_budget import loss_budget_blocks
@@ -81,7 +82,8 @@ def render_report(
     knockout_seeds: Sequence[int] = (), ablations: Mapping[str, Mapping | None] | None = None,
     seed_claims: Sequence[Mapping] = (),
 ) -> list[RunFiles]:
-    """Write report.md, report.html, figures/*.png, metrics.json, details.json and curves/ into `out_dir`.
+    """Write report.md, report.html, figures/*.png, metrics.json, details.json, fingerprint.json and
+    curves/ into `out_dir`.
 
     `out_dir` is replaced as a whole: it is the report stage's one output.
 
@@ -161,6 +163,8 @@ def render_report(
             details["reference"] = reference_summary(results, baseline, reference, runs, seeds)
         (tmp / "details.json").write_text(json.dumps(details, indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
+        trains = {key: run.train for key, run in runs.items()}
+        (tmp / "fingerprint.json").write_text(json.dumps(fingerprint(runs_dir, variants, seeds, trains), indent=2) + "\n")
         for item in sorted(tmp.iterdir()):
             with atomic_path(out_dir / item.name) as dst:
                 os.replace(item, dst)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline import cpu_numerics
 from pipeline.atomic import atomic_path
 from pipeline.params import ParamsError, load_params, model_config, resolve_variant, stage_error
 from pipeline.tracking import Tracker, git_revision, live_tracking, point_label
@@ -226,7 +227,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     counts = model.param_counts()
     metrics = {
         **ident, "params_total": counts["total"], "params_by_component": counts,
-        "threads": threads, "threads_why": why, "grid_share": grid_share(),
+        "threads": threads, "threads_why": why, "grid_share": grid_share(), "cpu_numerics": cpu_numerics.describe(),
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
         "flops_per_token": flops_per_token, "flops_trained": flops_per_token * result["tokens_trained"],
         "budget_flops": tcfg["budget_flops"],

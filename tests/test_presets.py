@@ -314,7 +314,7 @@ def test_apply_writes_params_and_reports_changed_sections(tmp_path):
     before, after = (yaml.safe_load((PRESETS / f"{n}.yaml").read_text())
                      for n in ("cnn_dailymail", "tiny_shakespeare"))
     assert changed == [k for k in after if before.get(k) != after[k]]  # params.yaml order, once each
-    assert "encode" not in changed and {"data", "model", "train", "ablations"} <= set(changed)
+    assert "knockout" not in changed and {"data", "model", "train", "ablations"} <= set(changed)
     assert load_params(params).data.source == "tiny_shakespeare"
     assert preset.apply("tiny_shakespeare", params, PRESETS) == []
 

@@ -333,8 +333,8 @@ def test_a_build_folder_left_by_a_killed_report_is_removed_by_the_next(tmp_path)
     (out / ".report.md.abc.tmp").write_text("half")  # ... or while it was swapped in
     (out / "studies").mkdir()  # not the stage's: kept
     render(p, out)
-    assert sorted(q.name for q in out.iterdir()) == ["curves", "details.json", "figures", "metrics.json",
-                                                    "report.html", "report.md", "studies"]
+    assert sorted(q.name for q in out.iterdir()) == ["curves", "details.json", "figures", "fingerprint.json",
+                                                    "metrics.json", "report.html", "report.md", "studies"]
 
 
 def test_report_opens_with_one_verdict_per_ablation_then_the_delta_figure(rendered):
