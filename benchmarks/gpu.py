@@ -1,7 +1,12 @@
 """The whole GPU path in one run, one JSON (`bash run.sh gpu`), that reports even when cut short.
 
 Parts, in order, each a child process whose output streams to PART.log beside the JSON (the
-default runs study, study_warm, bench, tests; recipe and seed only when named in --parts):
+default runs study, study_warm, bench, tests; spread, recipe and seed only when named in --parts):
+  spread      5 seeds of nanoGPT's GPU recipe as today's nanoGPT has it and 5 as it was at nanoGPT's
+              commit 23a8e701 (presets/nanogpt_shakespeare_char_gpu{,_23a8e701}.yaml), one study of two
+              arms, all 10 runs side by side on the GPU (benchmarks/gpu_spread.py): per arm the mean,
+              95% t-interval and 95% prediction interval of the best in-loop estimate and of the kept
+              model's whole-split loss, and where nanoGPT's 1.4697 falls against each;
   recipe      one seed of nanoGPT's own GPU recipe (presets/nanogpt_shakespeare_char_gpu.yaml) end to
               end (scripts/study.sh) into a scratch folder: its best in-loop estimate, the kept and
               the last step's model's validation loss, and wall time;
@@ -47,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks import gpu_spread
 from pipeline.atomic import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,19 +60,28 @@ ROOT = Path(__file__).resolve().parents[1]
 # study and study_warm: the same study cold and warm in one call, so the default for a GPU machine
 # (pipeline.grid.warm_wanted) is decided by two runs on the same machine; recipe and seed take the
 # launcher's default.
-STUDY_PARTS = {"recipe": ("nanogpt_shakespeare_char_gpu", "", "nanogpt_shakespeare_char_gpu"),
+STUDY_PARTS = {"spread": (gpu_spread.NAME, "", gpu_spread.NAME),  # a generated preset (STUDY_PRESET_FILE)
+               "recipe": ("nanogpt_shakespeare_char_gpu", "", "nanogpt_shakespeare_char_gpu"),
                "study": ("nanogpt_shakespeare_char", "--cold", "nanogpt_shakespeare_char"),
                "study_warm": ("nanogpt_shakespeare_char", "--warm", "nanogpt_shakespeare_char_warm"),
                "seed": ("tiny_shakespeare", "", "tiny_shakespeare")}
 # Seconds per part, and for all parts together: with set-up (<= 30 s) and start-up the whole
 # `bash run.sh gpu` stays under 9 minutes, inside a 15-minute device window with its machine start.
 # In the order they run (GPU issue #52's order: the spread, the study, MFU, the gpu tests):
-# recipe (one seed of the GPU recipe, where the issue's 5-seed spread would go; measured in run 6,
-# so only when named), the study cold then warm, the 124M benchmark, the tests last (a deadline
-# cuts them mid-way and their log still says which passed), seed only when named.
+# spread (only when named: it needs a call of its own, below), recipe (one seed of the GPU recipe,
+# measured in run 6, so only when named), the study cold then warm, the 124M benchmark, the tests
+# last (a deadline cuts them mid-way and their log still says which passed), seed only when named.
+# spread: a plan, not a measurement (docs/gpu.md, "Running it"). One seed of the recipe alone on the
+# H200 trained for 75.85 s of loop (run 6; its train stage 88 s, the study 121 s). Ten side by side
+# share the GPU by time slices (the processes' kernels do not overlap), so they gain only what one
+# run leaves the GPU idle: between 131 s of loops (all 10 runs' FLOPs at the 124M benchmark's MFU
+# 0.45) and 759 s (no gain, 10 x 75.85 s); planned at ~5 x one run, ~380 s, plus ~70 s of data
+# stages, compiling, evaluate, report and the scratch set-up: ~450 s, so a 480 s limit, under the
+# default deadline. With the machine's start and set-up that is ~9.5 of the 15-minute window: no
+# room for a rerun nor for the default parts, so it is not among them (GPU_ARGS="--parts spread").
 # study: on the H200 its part took 101-112 s cold (runs 1 and 4: the grid 88 s and 98 s plus the
 # scratch set-up and run.json) and 92 s warm (run 5: grid 75 s); a 110 s limit cut it (run 7).
-LIMITS = {"recipe": 200, "study": 140, "study_warm": 140, "bench": 150, "tests": 130, "seed": 150}
+LIMITS = {"spread": 480, "recipe": 200, "study": 140, "study_warm": 140, "bench": 150, "tests": 130, "seed": 150}
 DEFAULT_PARTS = ("study", "study_warm", "bench", "tests")
 DEADLINE_S = 500
 # nanoGPT README, train_shakespeare_char on one A100: the best in-loop estimate of one run (every
@@ -87,7 +102,8 @@ TARGETS = {  # figure: (comparison, threshold), as the GPU issues state them
 }
 # Figures copied to the JSON's "figures" beside those with a target: each study's own clocks.
 STUDY_CLOCKS = ("launch_to_report_s", "setup_s", "wall_s")
-REPORTED = set(TARGETS) | {f"{part}_{clock}" for part in STUDY_PARTS for clock in STUDY_CLOCKS}
+REPORTED = set(TARGETS) | {f"{part}_{clock}" for part in STUDY_PARTS for clock in STUDY_CLOCKS} | {
+    f"spread_{arm}_{q}_mean" for arm in gpu_spread.ARMS for q in ("best_estimate", "whole_split_val_loss")}
 TAIL_LINES = 25
 
 
@@ -319,9 +335,24 @@ def gpu_parts(scratch: Path, args) -> list[Part]:
     for part, (preset, grid_args, name) in STUDY_PARTS.items():  # each a whole study (scripts/study.sh)
         out, tmp = scratch / "studies" / name, scratch / part  # its scratch project goes under tmp
         tmp.mkdir(parents=True, exist_ok=True)
-        parts[part] = Part(part, ["bash", "scripts/study.sh", preset], study_figures(out, part, tmp),
-                           {"STUDY_OUT": str(out), "TMPDIR": str(tmp), "STUDY_GRID_ARGS": grid_args})
+        env = {"STUDY_OUT": str(out), "TMPDIR": str(tmp), "STUDY_GRID_ARGS": grid_args}
+        figures = study_figures(out, part, tmp)
+        if part == "spread":  # the two recipes' presets made into one study of two arms
+            preset_file = scratch / f"{preset}.yaml"
+            preset_file.write_text(gpu_spread.spread_preset(ROOT), encoding="utf-8")
+            env["STUDY_PRESET_FILE"] = str(preset_file)
+            figures = spread_part_figures(figures, tmp)
+        parts[part] = Part(part, ["bash", "scripts/study.sh", preset], figures, env)
     return [parts[name] for name in LIMITS]
+
+
+def spread_part_figures(study: Callable[[str], dict], tmp: Path) -> Callable[[str], dict]:
+    """The study's clocks and the spread's statistics (gpu_spread.spread_figures), read from its
+    scratch project also when the part was cut."""
+    def read(log: str) -> dict:
+        projects = sorted((p for p in tmp.glob("study-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        return {**study(log), **gpu_spread.spread_figures(projects[-1] if projects else None, NANOGPT_VAL_LOSS)}
+    return read
 
 
 def pack_studies(scratch: Path, dest: Path) -> None:
@@ -352,6 +383,7 @@ def summary(result: dict) -> str:
         if f"{part}_setup_s" in result["figures"]:
             lines.append(f"  {part + '_setup_s':30} {result['figures'][part + '_setup_s']:>10}  (the scratch project, "
                          "outside the study's clock)")
+    lines += gpu_spread.summary_lines(result["parts"].get("spread", {}))
     for clock, v in result.get("warm_vs_cold", {}).items():
         lines.append(f"  study {clock}: cold {v['cold']} s, warm {v['warm']} s (warm - cold {v['warm_minus_cold']} s)")
     return "\n".join(lines)

@@ -3,14 +3,15 @@
 This project's own few lines, not nanoGPT's code, kept faithful where results depend on it:
 - forward: token + learned position embeddings, dropout; per block x + resid_drop(proj(attn(ln_1(x))))
   with dropout on the attention probabilities (SDPA's dropout_p), then
-  x + drop(c_proj(gelu(c_fc(ln_2(x))))) (no dropout on the MLP's hidden layer); final LayerNorm;
+  x + drop(c_proj(gelu(c_fc(ln_2(x))))) (no dropout on the MLP's hidden layer; GPTShape.gelu "tanh"
+  is the tanh approximation nanoGPT had at commit 23a8e701); final LayerNorm;
   the output layer tied to the token table; cross-entropy over every position. No biases here
   (the Shakespeare recipe's bias=False).
 - init: every linear weight and embedding table N(0, 0.02), the two residual output projections
   of each block N(0, 0.02 / sqrt(2 * n_layer)).
 - optimizer: AdamW, weight decay on every parameter with 2 or more dimensions (embeddings
   included), none on the rest; learning rate: linear warmup lr * (it + 1) / (warmup + 1), then
-  cosine to min_lr at lr_decay_iters.
+  cosine to min_lr at lr_decay_iters (lr_at_23a8e701: the warmup lr * it / warmup of commit 23a8e701).
 - the estimate: mean loss over eval_iters batches of windows at random offsets of the split.
 
 `copy_weights(ref, ours)` loads these weights into our decoder-only model of the same shape
@@ -35,6 +36,8 @@ class GPTShape:
     n_head: int
     n_embd: int
     dropout: float
+    # F.gelu's approximate: "none", nn.GELU() today; "tanh", new_gelu at nanoGPT's commit 23a8e701.
+    gelu: str = "none"
 
 
 class SelfAttention(nn.Module):
@@ -59,9 +62,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(s.n_embd, 4 * s.n_embd, bias=False)
         self.c_proj = nn.Linear(4 * s.n_embd, s.n_embd, bias=False)
         self.dropout = nn.Dropout(s.dropout)
+        self.gelu = s.gelu
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
 
 
 class Block(nn.Module):
@@ -114,6 +118,13 @@ def lr_at(it: int, lr: float, warmup: int, decay_iters: int, min_lr: float) -> f
         return min_lr
     ratio = (it - warmup) / (decay_iters - warmup)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def lr_at_23a8e701(it: int, lr: float, warmup: int, decay_iters: int, min_lr: float) -> float:
+    """get_lr at nanoGPT's commit 23a8e701: the warmup lr * it / warmup (it = 0 trains at lr 0), then as lr_at."""
+    if it < warmup:
+        return lr * it / warmup
+    return lr_at(it, lr, warmup, decay_iters, min_lr)
 
 
 # Our parameter name -> nanoGPT's, per layer i (decoder-only, pre-norm, no biases, tied output).

@@ -15,7 +15,7 @@ ARCHS = ("encoder_decoder", "decoder_only", "prefix_lm", "target_lm")
 POSITIONALS = ("sinusoidal", "learned", "rope", "relative", "none")
 NORMS = ("layernorm", "rmsnorm", "none")  # none: the "no normalization" ablation
 NORM_POSITIONS = ("post", "pre")
-FFNS = ("relu", "gelu", "silu", "swiglu")
+FFNS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 ATTENTION_IMPLS = ("manual", "sdpa")
 INITS = ("xavier", "gpt2")
 DECODER_MASKS = ("causal", "future_only")
@@ -73,7 +73,7 @@ class ModelConfig:
     norm: str = "layernorm"  # layernorm | rmsnorm | none (every norm removed, the final one too)
     norm_position: str = "post"  # post (paper) | pre (adds a final norm after each stack)
     norm_eps: float = 1e-5  # matches torch.nn.LayerNorm / nn.Transformer
-    ffn: str = "relu"  # relu | gelu | silu | swiglu
+    ffn: str = "relu"  # relu | gelu | gelu_tanh (tanh approximation, as GPT-2 and nanoGPT 23a8e701) | silu | swiglu
     residual: bool = True  # False removes every residual connection (ablation; hard to train deep)
     attention_impl: str = "sdpa"  # sdpa (fused kernel) | manual (written-out math); same results
     share_embeddings: bool = True  # one token table for encoder and decoder (no effect single-stack)

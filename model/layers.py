@@ -15,7 +15,14 @@ from model.attention import KVCache, MultiHeadAttention
 from model.config import ModelConfig
 from model.norm import LayerNorm
 
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU with the tanh approximation (GPT-2's and nanoGPT's at 23a8e701, written out there as new_gelu)."""
+    return F.gelu(x, approximate="tanh")
+
+
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": gelu_tanh,
+                                                       "silu": F.silu}
 
 
 def make_dropout(p: float) -> nn.Dropout | None:

@@ -142,6 +142,9 @@ class TrainParams(Section):
     decay_embeddings: bool = False  # decay embedding tables too (nanoGPT's rule); default: exempt
     schedule: Literal["constant", "cosine", "inverse_sqrt", "linear"] = "cosine"
     warmup_steps: int = Field(100, ge=0)
+    # The warmup's first step: one, lr * (step + 1) / warmup_steps (the first step trains at lr / warmup_steps);
+    # zero, lr * step / warmup_steps (the first step at lr 0: nanoGPT's get_lr at commit 23a8e701). step from 0.
+    warmup_start: Literal["one", "zero"] = "one"
     min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine/linear floor as a fraction of lr
     clip_grad_norm: float | None = Field(1.0, gt=0)
     eval_every: int = Field(100, gt=0)  # steps between validation passes

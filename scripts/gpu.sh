@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bash run.sh gpu [OUT.json]: the whole GPU path in one run (benchmarks/gpu.py says what it runs).
 # Without a CUDA device: one line, exit 0, nothing installed or run.
-# Each part's log (setup.log, study.log, study_warm.log, bench.log, tests.log; recipe.log and seed.log
-# when named) and studies.tar.gz go beside OUT.json, which is rewritten after every part, so a run
+# Each part's log (setup.log, study.log, study_warm.log, bench.log, tests.log; spread.log, recipe.log and
+# seed.log when named) and studies.tar.gz go beside OUT.json, which is rewritten after every part, so a run
 # cut short still reports. The set-up's time here is the machine's (setup_s); each study part times
 # its own scratch set-up apart from its launch-to-report clock (benchmarks/gpu.py).
 # Set-up, two ways:

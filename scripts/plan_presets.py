@@ -26,7 +26,8 @@ PAGE = "docs/scaling-out-and-cost-plan.md"
 # The full studies are GPU-scale (their entries in docs/datasets-and-presets.md): planned on the smaller-memory card named
 # there. Every other preset is a CPU recipe.
 GPU_PRESETS = {"cnn_dailymail": "4090", "tiny_shakespeare": "4090", "tinystories": "4090",
-               "nanogpt_shakespeare_char_gpu": "h100"}  # nanoGPT's GPU recipe, as benchmarks/gpu.py runs it
+               # nanoGPT's GPU recipe, today's and at its commit 23a8e701, as benchmarks/gpu.py runs them
+               "nanogpt_shakespeare_char_gpu": "h100", "nanogpt_shakespeare_char_gpu_23a8e701": "h100"}
 
 
 def preset_row(path: Path, cal, cpu_peak: float) -> str:

@@ -5,14 +5,18 @@
 # params that made it and run.json (wall time, machine) replace reports/studies/PRESET/, and the
 # study table in docs/datasets-and-presets.md is regenerated from the committed files. STUDY_OUT=DIR puts
 # the result in DIR instead and leaves reports/studies/ and the docs alone (`bash run.sh gpu` does this).
+# STUDY_PRESET_FILE=FILE runs FILE as presets/PRESET.yaml of the scratch copy (a generated preset:
+# benchmarks/gpu_spread.py's spread study).
 set -euo pipefail
 name=${1:?usage: bash run.sh study PRESET}
 started=$(date +%s.%N)  # the scratch project's set-up: from here to the launcher's start
 root=$PWD
-[ -f "presets/$name.yaml" ] || { echo "study: no preset 'presets/$name.yaml'" >&2; exit 2; }
+preset=${STUDY_PRESET_FILE:-presets/$name.yaml}
+[ -f "$preset" ] || { echo "study: no preset '$preset'" >&2; exit 2; }
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/study-$name.XXXXXX")
 mkdir -p "$scratch/data"
 cp -r model pipeline benchmarks dvc.yaml presets "$scratch/"
+[ -z "${STUDY_PRESET_FILE:-}" ] || cp "$STUDY_PRESET_FILE" "$scratch/presets/$name.yaml"
 cp -r data/local "$scratch/data/"
 cd "$scratch"
 find . -name __pycache__ -prune -exec rm -rf {} +

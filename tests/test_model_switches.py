@@ -5,25 +5,28 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model import ModelConfig, build_model
 from model.config import ARCHS, ATTENTION_IMPLS, FFNS, NORM_POSITIONS, NORMS, POSITIONALS
+from model.layers import FeedForward
 
 
-# Full product of the structural switches (480 cases). The five boolean-like switches (32
-# combinations) rotate across it so that every (arch, positional) pair meets all 32 of them and
-# their pairing with norm/ffn/residual changes from block to block.
-# norm="none" and relative_bias have their own test below, to keep the product a multiple of 32.
+# Full product of the structural switches (800 cases). The five boolean-like switches (32
+# combinations) rotate across it so that every (arch, positional) pair (a block of 40 cases) meets
+# all 32 of them and their pairing with norm/ffn/residual shifts by one from block to block.
+# norm="none" and relative_bias have their own test below, to keep each block at least 32 long.
 STRUCTURAL = list(itertools.product(ARCHS, POSITIONALS, [n for n in NORMS if n != "none"], NORM_POSITIONS, FFNS,
                                     (True, False)))
 FLAGS = list(itertools.product(ATTENTION_IMPLS, (True, False), (True, False), (True, False), (True, False)))
-assert len(FLAGS) == 32 and len(STRUCTURAL) % 32 == 0
+BLOCK = len(STRUCTURAL) // (len(ARCHS) * len(POSITIONALS))  # cases per (arch, positional)
+assert len(FLAGS) == 32 and BLOCK >= 32
 
 
 def _case(i: int) -> dict:
     arch, positional, norm, norm_position, ffn, residual = STRUCTURAL[i]
-    impl, share, tie, scale, bias = FLAGS[(i + i // 32) % 32]
+    impl, share, tie, scale, bias = FLAGS[(i % BLOCK + i // BLOCK) % 32]
     return dict(arch=arch, positional=positional, norm=norm, norm_position=norm_position, ffn=ffn,
                 residual=residual, attention_impl=impl, share_embeddings=share, tie_output=tie,
                 scale_embeddings=scale, bias=bias, n_heads=1 if i % 7 == 0 else 2)
@@ -134,6 +137,41 @@ def test_param_counts_follow_the_switches():
     assert count(norm="rmsnorm")["norms"] == ref["norms"] // 2  # no bias
     assert count(bias=False, ffn="swiglu")["ffn"] == count(bias=False)["ffn"]  # 2/3 rule: equal
     assert count(arch="decoder_only")["attention"] == ref["attention"] // 3  # no cross-attention
+
+
+# What each FFN choice computes, written out with torch's own functions: h = x W_in (+ b), then W_out.
+_FFN_ACTIVATION = {
+    "relu": F.relu,
+    "gelu": F.gelu,  # exact (erf)
+    "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"),
+    "silu": F.silu,
+    "swiglu": lambda h: F.silu(h.chunk(2, dim=-1)[0]) * h.chunk(2, dim=-1)[1],
+}
+
+
+def test_every_ffn_choice_has_its_reference():
+    assert set(_FFN_ACTIVATION) == set(FFNS)
+
+
+@pytest.mark.parametrize("ffn", FFNS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_every_ffn_choice_computes_its_function(ffn, bias):
+    torch.manual_seed(0)
+    block = FeedForward(ModelConfig(d_model=8, d_ff=12, ffn=ffn, bias=bias, dropout=0.0)).eval()
+    x = 3 * torch.randn(2, 5, 8)  # wide enough that tanh-GELU and exact GELU part
+    want = block.w_out(_FFN_ACTIVATION[ffn](block.w_in(x)))
+    torch.testing.assert_close(block(x), want, rtol=0, atol=0)
+
+
+def test_gelu_tanh_is_not_exact_gelu():
+    torch.manual_seed(0)
+    exact = FeedForward(ModelConfig(d_model=8, d_ff=12, ffn="gelu", dropout=0.0)).eval()
+    tanh = FeedForward(ModelConfig(d_model=8, d_ff=12, ffn="gelu_tanh", dropout=0.0)).eval()
+    tanh.load_state_dict(exact.state_dict())  # the same parameters: only the activation differs
+    x = 3 * torch.randn(2, 5, 8)
+    assert not torch.allclose(exact(x), tanh(x), rtol=0, atol=1e-6)
+    h = exact.w_in(x)
+    torch.testing.assert_close(tanh(x), tanh.w_out(F.gelu(h, approximate="tanh")), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

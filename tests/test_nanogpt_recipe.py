@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.nanogpt_reference import GPT, GPTShape, copy_weights, lr_at, name_map
+from benchmarks.nanogpt_reference import GPT, GPTShape, copy_weights, lr_at, lr_at_23a8e701, name_map
 from model import ModelConfig, build_model
 from model.config import INITS
 from pipeline.params import load_params, model_config, resolve_variant
@@ -19,20 +19,22 @@ from pipeline.training import trainer
 from pipeline.training.optim import lr_factor, param_groups
 
 PRESET = "presets/nanogpt_shakespeare_char_gpu.yaml"
+# The same recipe as nanoGPT had it at commit 23a8e701, when its README's 1.4697 was written.
+PRESET_23A8E701 = "presets/nanogpt_shakespeare_char_gpu_23a8e701.yaml"
 # A character vocabulary: 65 characters + pad, unk, bos, eos.
 TOKENIZER = {"vocab_size": 69, "pad_id": 0, "bos_id": 2, "eos_id": 3}
 SMALL = {"d_model": 64, "n_heads": 4, "n_decoder_layers": 2, "d_ff": 256, "max_len": 32}
 
 
-def preset_model(**shape) -> tuple[ModelConfig, dict]:
+def preset_model(preset: str = PRESET, **shape) -> tuple[ModelConfig, dict]:
     """Our model as the preset configures it (params validation included), at a test shape."""
-    resolved = resolve_variant(load_params(PRESET), "baseline")
+    resolved = resolve_variant(load_params(preset), "baseline")
     return model_config({**resolved["model"], **shape}, TOKENIZER, "test"), resolved
 
 
-def reference_for(cfg: ModelConfig) -> GPT:
+def reference_for(cfg: ModelConfig, gelu: str = "none") -> GPT:
     return GPT(GPTShape(vocab_size=cfg.vocab_size, block_size=cfg.max_len, n_layer=cfg.n_decoder_layers,
-                        n_head=cfg.n_heads, n_embd=cfg.d_model, dropout=cfg.dropout))
+                        n_head=cfg.n_heads, n_embd=cfg.d_model, dropout=cfg.dropout, gelu=gelu))
 
 
 def test_preset_sets_every_recipe_setting():
@@ -177,6 +179,93 @@ def test_optimizer_and_schedule_follow_nanogpts():
         want = lr_at(step, t["lr"], t["warmup_steps"], t["budget_steps"], t["lr"] * t["min_lr_ratio"])
         assert ours_lr == pytest.approx(want, rel=1e-9), step
     assert t["lr"] * lr_factor(0, "cosine", 100, 5000, 0.1) == pytest.approx(1e-3 / 100)
+
+
+def leaves(tree, path=()) -> dict:
+    """Every setting of a params dump as (section, ..., key) -> value."""
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in leaves(sub, (*path, key)).items()}
+    return {path: tree}
+
+
+# What nanoGPT changed after commit 23a8e701, as (today's, then).
+CHANGED_SINCE_23A8E701 = {("model", "ffn"): ("gelu", "gelu_tanh"),
+                          ("train", "weight_decay"): (0.1, 0.01),
+                          ("train", "decay_embeddings"): (True, False),
+                          ("train", "warmup_start"): ("one", "zero")}
+
+
+def test_the_23a8e701_recipe_differs_from_todays_in_exactly_four_settings():
+    """Every setting of the two presets, defaults included, and every resolved model and train
+    setting: the same but for nanoGPT's four changes since 23a8e701. The report's experiment name
+    and notes (words, not settings) are the only other differences."""
+    today, then = (leaves(load_params(p).model_dump()) for p in (PRESET, PRESET_23A8E701))
+    assert set(today) == set(then)
+    differ = {k: (today[k], then[k]) for k in today if today[k] != then[k]}
+    words = {k for k in differ if k in (("report", "experiment"), ("report", "notes"))}
+    assert {k: v for k, v in differ.items() if k not in words} == CHANGED_SINCE_23A8E701
+    ours, theirs = (leaves(resolve_variant(load_params(p), "baseline")) for p in (PRESET, PRESET_23A8E701))
+    assert {k: (ours[k], theirs[k]) for k in ours if ours[k] != theirs[k]} == CHANGED_SINCE_23A8E701
+    assert load_params(PRESET_23A8E701).report.reference == load_params(PRESET).report.reference
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_23a8e701_recipe_in_training_mode_equals_nanogpts_with_tanh_gelu(seed):
+    """The 23a8e701 preset's model against a nanoGPT-faithful GPT with new_gelu (the tanh GELU):
+    same weights, same torch seed, training mode: the same loss and gradients; against the exact
+    GELU's reference the loss differs (the check has teeth: the weights are scaled up from GPT-2's
+    N(0, 0.02), at which the MLP's inputs are so near 0 that the two GELUs all but agree)."""
+    cfg, _ = preset_model(PRESET_23A8E701, **SMALL)
+    assert cfg.ffn == "gelu_tanh"
+    torch.manual_seed(100 + seed)
+    ref = reference_for(cfg, gelu="tanh").train()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(10 if p.dim() >= 2 else 1)
+    exact = reference_for(cfg).train()
+    exact.load_state_dict(ref.state_dict())
+    ours = build_model(cfg).train()
+    copy_weights(ref, ours)
+    tokens = torch.randint(4, cfg.vocab_size, (6, cfg.max_len + 1), generator=torch.Generator().manual_seed(seed))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    losses = {}
+    for name, model in {"ref": ref, "exact": exact, "ours": lambda a, b: ours(None, a, b)[1]}.items():
+        torch.manual_seed(seed)
+        losses[name] = model(x, y)
+    assert losses["ours"].item() == pytest.approx(losses["ref"].item(), rel=1e-6, abs=1e-6)
+    for loss in losses.values():
+        loss.backward()
+    theirs = dict(ref.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, theirs[name_map(cfg.n_decoder_layers)[name]].grad, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    # The exact GELU's gradients of the MLP's input layer are not nanoGPT's then, at that tolerance.
+    fc = [(dict(exact.named_parameters())[f"h.{i}.mlp.c_fc.weight"].grad, theirs[f"h.{i}.mlp.c_fc.weight"].grad)
+          for i in range(cfg.n_decoder_layers)]
+    assert not all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in fc)
+
+
+def test_the_23a8e701_optimizer_and_schedule_are_nanogpts_then():
+    """weight decay 1e-2 on the Linear weights only (configure_optimizers at 23a8e701: LayerNorm
+    and Embedding weights, the tied token table and the position table, not decayed), and
+    get_lr's warmup lr * it / 100 from it = 0: the learning rate at every step is nanoGPT's then."""
+    cfg, resolved = preset_model(PRESET_23A8E701, **SMALL)
+    ours, ref = build_model(cfg), reference_for(cfg, gelu="tanh")
+    t = resolved["train"]
+    groups = param_groups(ours, t["weight_decay"], decay_embeddings=t["decay_embeddings"])
+    assert groups[0]["weight_decay"] == 0.01
+    decayed = {id(p) for p in groups[0]["params"]}
+    linear = {id(m.weight) for m in ref.modules() if isinstance(m, torch.nn.Linear)}
+    names = name_map(cfg.n_decoder_layers)
+    theirs = dict(ref.named_parameters())
+    for name, p in ours.named_parameters():
+        assert (id(p) in decayed) == (id(theirs[names[name]]) in linear), name
+    for step in (0, 1, 50, 99, 100, 101, 1000, 2500, 4999):
+        ours_lr = t["lr"] * lr_factor(step, t["schedule"], t["warmup_steps"], t["budget_steps"], t["min_lr_ratio"],
+                                      t["warmup_start"])
+        want = lr_at_23a8e701(step, t["lr"], t["warmup_steps"], t["budget_steps"], t["lr"] * t["min_lr_ratio"])
+        assert ours_lr == pytest.approx(want, rel=1e-9, abs=1e-15), step
+    assert t["lr"] * lr_factor(0, t["schedule"], 100, 5000, 0.1, t["warmup_start"]) == 0.0
 
 
 def lm_data(seed: int = 0, val_len: int = 5000) -> trainer.Data:

@@ -1,6 +1,7 @@
 """The train stage's own foreach AdamW and LR schedule against torch's, bit for bit."""
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -96,3 +97,58 @@ def test_an_eager_cpu_training_step_does_not_import_the_compiler():
             "print('torch._dynamo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "inverse_sqrt", "constant"])
+def test_warmup_start_one_and_zero_at_steps_0_1_and_warmup(schedule):
+    """one (the default): lr (step+1)/warmup; zero: lr step/warmup (nanoGPT's get_lr at 23a8e701).
+    After the warmup the two are the same schedule."""
+    warmup, total = 100, 5000
+    one = [lr_factor(s, schedule, warmup, total, 0.1) for s in (0, 1, warmup - 1, warmup, 1000)]
+    assert one == [lr_factor(s, schedule, warmup, total, 0.1, "one") for s in (0, 1, warmup - 1, warmup, 1000)]
+    assert one[:3] == [1 / 100, 2 / 100, 1.0]
+    zero = [lr_factor(s, schedule, warmup, total, 0.1, "zero") for s in (0, 1, warmup - 1, warmup, 1000)]
+    assert zero[:3] == [0.0, 1 / 100, 99 / 100]
+    assert zero[3:] == one[3:]  # step warmup and on: the schedule itself, whatever the start
+    if schedule in ("cosine", "linear", "constant"):
+        assert zero[3] == 1.0  # the peak at step warmup
+    assert lr_factor(0, schedule, 0, total, 0.1, "zero") == lr_factor(0, schedule, 0, total, 0.1, "one")  # no warmup
+
+
+def test_warmup_start_zero_is_nanogpts_get_lr_at_23a8e701():
+    def get_lr(it, learning_rate=1e-3, warmup_iters=100, lr_decay_iters=5000, min_lr=1e-4):
+        if it < warmup_iters:
+            return learning_rate * it / warmup_iters
+        if it > lr_decay_iters:
+            return min_lr
+        decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (learning_rate - min_lr)
+    for it in (0, 1, 50, 99, 100, 101, 2500, 4999, 5000):
+        assert 1e-3 * lr_factor(it, "cosine", 100, 5000, 0.1, "zero") == pytest.approx(get_lr(it), rel=1e-12, abs=1e-18)
+
+
+def test_a_scheduler_with_warmup_start_zero_sets_lr_0_then_lr_over_warmup():
+    opt = make_optimizer(model(), 1e-3, (0.9, 0.99), 1e-8, 0.1, torch.device("cpu"))
+    sched = make_scheduler(opt, "cosine", 4, 20, 0.1, "zero")
+    seen = []
+    for _ in range(5):
+        seen.append(opt.param_groups[0]["lr"])
+        sched.step()
+    assert seen == pytest.approx([0.0, 1e-3 / 4, 2e-3 / 4, 3e-3 / 4, 1e-3])
+
+
+def test_warmup_start_is_validated_with_one_line_naming_the_key(tmp_path):
+    import typing
+
+    from pipeline.params import ParamsError, TrainParams, load_params
+    from pipeline.training.optim import WARMUP_STARTS
+
+    assert typing.get_args(TrainParams.model_fields["warmup_start"].annotation) == WARMUP_STARTS
+    assert TrainParams().warmup_start == "one"
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  warmup_start: half\n")
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    assert "train.warmup_start" in str(err.value) and "half" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="^train.warmup_start: must be one of one, zero, got 'half'$"):
+        lr_factor(0, "cosine", 10, 100, 0.1, "half")

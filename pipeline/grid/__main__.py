@@ -22,7 +22,8 @@
    .dvc/tmp/grid/warm.log. --cold turns it off: each stage a new process (as
    `ABLATION_LAB_WARM=0 dvc repro`; a plain `dvc repro` serves its stages warm by itself after
    the first one, pipeline/grid/auto.py, which the launcher's DVC processes are told not to do).
-   Off by default on a GPU machine, where it was measured not to pay (docs/scaling-out-and-cost-plan.md).
+   Off by default on a GPU machine until warm and cold are measured there in the same call
+   (docs/scaling-out-and-cost-plan.md).
 4. Nothing outlives the launcher (signals.py, lifeline.py): Ctrl-C, SIGTERM and SIGHUP end the
    running stages, the server and its folder before the launcher ends by the same signal; a
    guard process does the same if the launcher is killed outright. One launcher per workspace
@@ -59,9 +60,11 @@ MAX_RUNS_PER_GPU = 16  # pipeline.training.gpu_lock's cap; the slot locks decide
 
 def warm_wanted(cold: bool, warm: bool, dvc_yaml: str) -> bool:
     """Warm starts where a stage runs our code (not in a project of shell stages), and not on a GPU
-    machine unless asked (--warm): on the H200 they paid nothing, 75 s warm against 72 s cold for
-    the nanoGPT study, the first stage held back 8.6 s by the server's imports
-    (docs/scaling-out-and-cost-plan.md)."""
+    machine unless asked (--warm). The committed H200 runs of the nanoGPT study (reports/gpu/) are
+    cold 88, 98 and 97 s (runs 1, 4, 7) against 75 s warm (run 5), each on a call of its own, the
+    warm one's first stage held back 8.6 s by the server's imports: too few, on different machine
+    starts, to set the default. It stays cold on a GPU until warm and cold are measured in the same
+    call (benchmarks/gpu.py's study and study_warm parts; docs/gpu.md)."""
     if cold or "python -m pipeline." not in dvc_yaml:
         return False
     return warm or not gpu_machine()

@@ -14,8 +14,9 @@ folder either way. A DVC killed with a stage running takes the stage with it (th
 ends its forks). `report`, the last stage, never starts one: nothing after it would use it.
 
 ABLATION_LAB_WARM=0 turns it off (each stage a new process); a GPU machine is off unless
-ABLATION_LAB_WARM=1 (there warm starts paid nothing: docs/scaling-out-and-cost-plan.md). The grid
-launcher sets 0 for its own DVC processes: it runs its own server, or none when told --cold.
+ABLATION_LAB_WARM=1 (until warm and cold are measured there in the same call:
+docs/scaling-out-and-cost-plan.md). The grid launcher sets 0 for its own DVC processes: it runs
+its own server, or none when told --cold.
 Standard library only.
 """
 from __future__ import annotations

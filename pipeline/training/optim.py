@@ -156,10 +156,19 @@ class LambdaSchedule:
         self.last_epoch, self._last_lr = saved["last_epoch"], saved["_last_lr"]
 
 
-def lr_factor(step: int, schedule: str, warmup: int, total: int, floor: float) -> float:
-    """Multiplier of the base learning rate at optimizer step `step` (0-based)."""
+WARMUP_STARTS = ("one", "zero")
+
+
+def lr_factor(step: int, schedule: str, warmup: int, total: int, floor: float, warmup_start: str = "one") -> float:
+    """Multiplier of the base learning rate at optimizer step `step` (0-based).
+
+    Warmup (train.warmup_start): one, (step + 1) / warmup, so step warmup - 1 reaches 1; zero,
+    step / warmup, so step 0 trains at 0 and step warmup reaches 1 (nanoGPT's get_lr at 23a8e701).
+    """
+    if warmup_start not in WARMUP_STARTS:
+        raise ValueError(f"train.warmup_start: must be one of {', '.join(WARMUP_STARTS)}, got {warmup_start!r}")
     if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
+        return (step + 1) / warmup if warmup_start == "one" else step / warmup
     if schedule == "constant":
         return 1.0
     if schedule == "inverse_sqrt":
@@ -172,9 +181,9 @@ def lr_factor(step: int, schedule: str, warmup: int, total: int, floor: float) -
     raise ValueError(f"train.schedule: unknown schedule {schedule!r}")
 
 
-def make_scheduler(optimizer, schedule: str, warmup: int, total: int, floor: float):
+def make_scheduler(optimizer, schedule: str, warmup: int, total: int, floor: float, warmup_start: str = "one"):
     def factor(step: int) -> float:
-        return lr_factor(step, schedule, warmup, total, floor)
+        return lr_factor(step, schedule, warmup, total, floor, warmup_start)
     if isinstance(optimizer, ForeachAdamW):
         return LambdaSchedule(optimizer, factor)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

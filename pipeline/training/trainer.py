@@ -175,7 +175,8 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
                                cfg["decay_embeddings"], precision)
     per_step = cfg["grad_accum"] * cluster.world
     total_steps, budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"], per_step)
-    scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"])
+    scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"],
+                               cfg.get("warmup_start", "one"))
     eval_windows, keep = cfg.get("eval_windows", "first"), cfg.get("keep", "last")
     val_batches = data.val_batches(cfg["eval_examples"], eval_windows)
     s = {"step": 0, "tokens": 0, "epoch": 0, "index": 0, "train_rows": [], "val_rows": [], "elapsed": 0.0}
@@ -287,6 +288,8 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
                 val_batches = data.val_batches(cfg["eval_examples"], eval_windows, s["step"])
             val_loss = evaluate_loss(eval_model, data, val_batches, device, use_autocast, cluster)
             s["val_rows"].append([s["step"], s["tokens"], val_loss])
+            if bar is None:  # a stage's log (DVC, the grid): the estimates so far, also of a run cut short
+                log(f"val estimate {val_loss:.4f} at step {s['step']}/{total_steps}")
             if keep == "best" and (best is None or val_loss < best["val_loss"]):
                 best = {"step": s["step"], "val_loss": val_loss,
                         "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
