@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.config import ModelConfig
+
 AttendFn = Callable[..., tuple[Tensor, Tensor | None]]
 
 
@@ -110,12 +112,13 @@ class KVCache:
 
 class MultiHeadAttention(nn.Module):
     """All heads in one batched computation; q/k/v from one fused projection (self-attention) or
-    a q projection plus a fused k/v projection (cross-attention)."""
+    a q projection plus a fused k/v projection (cross-attention). Built from the ModelConfig, as
+    the FFN and the sublayers are: a switch inside attention reads its field here."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool, impl: str,
-                 cross: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
         super().__init__()
-        self.n_heads, self.head_dim, self.cross, self.dropout = n_heads, d_model // n_heads, cross, dropout
+        d_model, bias = cfg.d_model, cfg.bias
+        self.n_heads, self.head_dim, self.cross, self.dropout = cfg.n_heads, cfg.head_dim, cross, cfg.attention_dropout
         if cross:
             self.q_proj = nn.Linear(d_model, d_model, bias=bias)
             self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
@@ -123,7 +126,7 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         # Chosen once here, never per call (the weights for attention maps use the manual path).
-        self.attend: AttendFn = fused_attention if impl == "sdpa" else scaled_dot_product_attention
+        self.attend: AttendFn = fused_attention if cfg.attention_impl == "sdpa" else scaled_dot_product_attention
 
     def _split(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
         """(B, L, n*H*Dh) -> n tensors (B, H, L, Dh). Split first, then view each: the backward is

@@ -122,11 +122,9 @@ class Layer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, cross: bool) -> None:
         super().__init__()
-        mha = dict(d_model=cfg.d_model, n_heads=cfg.n_heads, dropout=cfg.attention_dropout, bias=cfg.bias,
-                   impl=cfg.attention_impl)
-        self.self_attn = MultiHeadAttention(**mha)
+        self.self_attn = MultiHeadAttention(cfg)
         self.self_sub = Sublayer(cfg)
-        self.cross_attn = MultiHeadAttention(**mha, cross=True) if cross else None
+        self.cross_attn = MultiHeadAttention(cfg, cross=True) if cross else None
         self.cross_sub = Sublayer(cfg) if cross else None
         self.ffn = FeedForward(cfg)
         self.ffn_sub = Sublayer(cfg)

@@ -45,7 +45,8 @@ def test_combine_masks_keeps_plain_causal_as_flag_and_aligns_cached_queries():
 @pytest.mark.parametrize("cross", [False, True])
 def test_mha_manual_equals_sdpa_forward_and_backward(n_heads, cross):
     torch.manual_seed(0)
-    mods = {impl: MultiHeadAttention(8, n_heads, 0.0, True, impl, cross=cross).double() for impl in ATTENTION_IMPLS}
+    mods = {impl: MultiHeadAttention(ModelConfig(d_model=8, n_heads=n_heads, attention_impl=impl), cross=cross).double()
+            for impl in ATTENTION_IMPLS}
     mods["sdpa"].load_state_dict(mods["manual"].state_dict())
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     mem = torch.randn(2, 6, 8, dtype=torch.float64) if cross else None

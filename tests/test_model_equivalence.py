@@ -65,7 +65,7 @@ def _inputs(b=3, t=7, s=6, dtype=torch.float64):
 @pytest.mark.parametrize("cross", [False, True])
 def test_multihead_attention_matches_torch(n_heads, cross, dtype):
     torch.manual_seed(0)
-    ours = MultiHeadAttention(D, n_heads, 0.0, True, "manual", cross=cross).to(dtype)
+    ours = MultiHeadAttention(ModelConfig(d_model=D, n_heads=n_heads, attention_impl="manual"), cross=cross).to(dtype)
     ref = nn.MultiheadAttention(D, n_heads, batch_first=True).to(dtype)
     _copy_mha(ours, ref)
     x, mem, key_pad = _inputs(s=7, dtype=dtype)

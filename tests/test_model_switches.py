@@ -1,7 +1,9 @@
 """Every switch is real: each combination builds and trains a step; parameter counts add up."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import typing
 
 import pytest
 import torch
@@ -13,23 +15,29 @@ from model.config import ARCHS, ATTENTION_IMPLS, FFNS, NORM_POSITIONS, NORMS, PO
 from model.layers import FeedForward
 
 
-# Full product of the structural switches (800 cases). The five boolean-like switches (32
-# combinations) rotate across it so that every (arch, positional) pair (a block of 40 cases) meets
-# all 32 of them and their pairing with norm/ffn/residual shifts by one from block to block.
-# norm="none" and relative_bias have their own test below, to keep each block at least 32 long.
+# Full product of the structural switches (800 cases). The flags, the attention path and every
+# other bool field of ModelConfig (read from the dataclass: a new one joins by itself), rotate
+# across it: every (arch, positional) pair (a block of 40 cases) meets all their combinations if
+# there are no more than 40 (32 with five flags), their pairing with norm/ffn/residual shifting by
+# one from block to block; with more, each block meets 40 of them and the blocks together all.
+# norm="none" and relative_bias have their own test below, to keep each block long.
+# tests/test_model_every_switch.py tests each switch alone in every arch and attention path.
 STRUCTURAL = list(itertools.product(ARCHS, POSITIONALS, [n for n in NORMS if n != "none"], NORM_POSITIONS, FFNS,
                                     (True, False)))
-FLAGS = list(itertools.product(ATTENTION_IMPLS, (True, False), (True, False), (True, False), (True, False)))
+FLAG_FIELDS = [f.name for f in dataclasses.fields(ModelConfig)
+               if typing.get_type_hints(ModelConfig)[f.name] is bool and f.name not in ("residual", "relative_bias")]
+FLAGS = list(itertools.product(ATTENTION_IMPLS, *[(True, False)] * len(FLAG_FIELDS)))
 BLOCK = len(STRUCTURAL) // (len(ARCHS) * len(POSITIONALS))  # cases per (arch, positional)
-assert len(FLAGS) == 32 and BLOCK >= 32
+SHIFT = 1 if len(FLAGS) <= BLOCK else BLOCK  # from one block to the next
+assert len(FLAGS) == len(ATTENTION_IMPLS) * 2 ** len(FLAG_FIELDS) <= len(STRUCTURAL)
 
 
 def _case(i: int) -> dict:
     arch, positional, norm, norm_position, ffn, residual = STRUCTURAL[i]
-    impl, share, tie, scale, bias = FLAGS[(i % BLOCK + i // BLOCK) % 32]
+    impl, *flags = FLAGS[(i % BLOCK + i // BLOCK * SHIFT) % len(FLAGS)]
     return dict(arch=arch, positional=positional, norm=norm, norm_position=norm_position, ffn=ffn,
-                residual=residual, attention_impl=impl, share_embeddings=share, tie_output=tie,
-                scale_embeddings=scale, bias=bias, n_heads=1 if i % 7 == 0 else 2)
+                residual=residual, attention_impl=impl, **dict(zip(FLAG_FIELDS, flags)),
+                n_heads=1 if i % 7 == 0 else 2)
 
 
 def _tiny(**switches) -> ModelConfig:
@@ -77,11 +85,13 @@ def test_every_flag_value_is_covered():
     cases = [_case(i) for i in range(len(STRUCTURAL))]
     for key in cases[0]:
         assert len({c[key] for c in cases}) >= 2, key
+    seen = set()
     for arch, positional in itertools.product(ARCHS, POSITIONALS):
-        flags = {tuple(c[k] for k in ("attention_impl", "share_embeddings", "tie_output",
-                                      "scale_embeddings", "bias"))
+        flags = {tuple(c[k] for k in ("attention_impl", *FLAG_FIELDS))
                  for c in cases if (c["arch"], c["positional"]) == (arch, positional)}
-        assert len(flags) == 32
+        assert len(flags) == min(len(FLAGS), BLOCK)
+        seen |= flags
+    assert len(seen) == len(FLAGS)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -73,7 +73,7 @@ def seed_attention(q, k, v):
 @pytest.mark.parametrize("impl", ATTENTION_IMPLS)
 def test_future_only_attention_is_the_seeds_masked_fill_forward_and_backward(impl):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 2, 0.0, True, impl).double()
+    mha = MultiHeadAttention(ModelConfig(d_model=16, n_heads=2, attention_impl=impl)).double()
     x = torch.randn(2, 7, 16, dtype=torch.float64, requires_grad=True)
     mask, uniform = future_only_mask(None, None, 0, 7, 7, x.device)
     out, _ = mha(x, attn_mask=mask, uniform_rows=uniform)
@@ -90,7 +90,7 @@ def test_the_last_row_is_the_plain_mean_of_the_values_whatever_its_scores(impl):
     """float32 and last-row scores far beyond 32: an additive -1e9 would round them to steps of 64
     (the float32 spacing at 1e9) and break the tie; the seed's replaced row is uniform."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 2, 0.0, True, impl)
+    mha = MultiHeadAttention(ModelConfig(d_model=16, n_heads=2, attention_impl=impl))
     x = torch.randn(2, 7, 16) * 8
     mask, uniform = future_only_mask(None, None, 0, 7, 7, x.device)
     q, k, v = mha._split(mha.qkv_proj(x), 3)
