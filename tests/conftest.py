@@ -41,6 +41,29 @@ def _private_cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _private_hub(tmp_path_factory):
+    """The Hugging Face Hub's client (the hub sources' downloads) caches into a temporary HF_HOME,
+    with no token and its endpoint a closed port on 127.0.0.1: a test that forgets to point
+    HF_ENDPOINT at its own server fails at once instead of reaching the hub. Imported here, after
+    the environment is set, so the client's import-time constants are these too."""
+    from tests.fixtures.sources.server import closed_port_url
+
+    names = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ENDPOINT", "HF_TOKEN",
+             "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+             "HF_HUB_DISABLE_TELEMETRY")
+    old = {name: os.environ.pop(name, None) for name in names}
+    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf_home"))
+    os.environ["HF_ENDPOINT"] = closed_port_url("").rstrip("/")
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"  # no user-agent probing (it asks the endpoint)
+    import huggingface_hub.constants  # noqa: F401
+    yield
+    for name, value in old.items():
+        os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _cold_stages():
     """A `dvc repro` a test runs starts no warm server of its own (pipeline/grid/auto.py): dozens of
     small studies would each import torch and the rest once more beside the suite. The warm path

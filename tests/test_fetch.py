@@ -1,4 +1,5 @@
-"""pipeline.sources.http against a local fault-injecting HTTP server (127.0.0.1 only, never the network)."""
+"""pipeline.sources.http (plain URLs: the files not on the Hugging Face Hub) against a local
+fault-injecting HTTP server (127.0.0.1 only, never the network). The hub's files: tests/test_hub.py."""
 from __future__ import annotations
 
 import errno
@@ -15,7 +16,7 @@ from tests.fixtures.sources.server import closed_port_url, serve
 
 DATA = bytes(range(256)) * 1000  # 256 kB: several read chunks, so a half body is a real prefix
 SHA = hashlib.sha256(DATA).hexdigest()
-FAST = dict(backoff=0.0, timeout=0.5, progress=False)  # keeps every retry loop short
+FAST = dict(backoff=0.0, timeout=0.5)  # keeps every retry loop short
 
 
 @pytest.fixture
@@ -27,11 +28,11 @@ def server(tmp_path):
         yield srv
 
 
-def test_download_verifies_and_leaves_no_part_file(server, tmp_path):
+def test_download_verifies_and_leaves_no_temporary(server, tmp_path):
     dest = tmp_path / "out" / "data.bin"
-    assert fetch(server.url("data.bin"), dest, sha256=SHA, size=len(DATA), **FAST) == dest
+    assert fetch(server.url("data.bin"), dest, sha256=SHA, **FAST) == dest
     assert dest.read_bytes() == DATA
-    assert not dest.with_name("data.bin.part").exists()
+    assert [p.name for p in dest.parent.iterdir()] == ["data.bin"]
 
 
 def test_http_500_is_retried_then_succeeds(server, tmp_path):
@@ -47,7 +48,7 @@ def test_retries_are_bounded_and_the_error_is_clear(server, tmp_path):
     with pytest.raises(DownloadError, match=r"after 3 attempts .*HTTP 500") as info:
         fetch(server.url("data.bin"), dest, retries=2, **FAST)
     assert len(server.requests_for("data.bin")) == 3
-    assert str(dest) in str(info.value) and not dest.exists()
+    assert str(dest) in str(info.value) and not dest.exists() and not list(tmp_path.glob(".d.bin.*"))
 
 
 def test_http_404_is_not_retried(server, tmp_path):
@@ -56,61 +57,34 @@ def test_http_404_is_not_retried(server, tmp_path):
     assert len(server.requests_for("missing.bin")) == 1
 
 
-def test_truncated_body_is_resumed_with_a_range_request(server, tmp_path):
+def test_truncated_body_is_downloaded_again(server, tmp_path):
     server.add_faults("data.bin", "truncate")
     dest = fetch(server.url("data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
     assert dest.read_bytes() == DATA
-    assert server.requests_for("data.bin") == [None, f"bytes={len(DATA) // 2}-"]
+    assert server.requests_for("data.bin") == [None, None]  # a small file: whole again, no resume
 
 
-def test_interrupted_download_keeps_only_the_part_file_and_the_next_run_resumes(server, tmp_path):
-    server.add_faults("data.bin", "truncate")
+def test_a_truncated_body_is_never_taken_for_the_file(server, tmp_path):
+    server.add_faults("data.bin", "truncate")  # no pin: only the length tells the cut
     dest = tmp_path / "d.bin"
-    with pytest.raises(DownloadError, match="connection closed"):
+    with pytest.raises(DownloadError, match=r"IncompleteRead"):
         fetch(server.url("data.bin"), dest, retries=0, **FAST)
-    part = tmp_path / "d.bin.part"
-    assert not dest.exists() and part.read_bytes() == DATA[:len(DATA) // 2]
-    fetch(server.url("data.bin"), dest, sha256=SHA, **FAST)
-    assert dest.read_bytes() == DATA and not part.exists()
-    assert server.requests_for("data.bin")[-1] == f"bytes={len(DATA) // 2}-"
-
-
-def test_server_ignoring_range_restarts_from_zero(server, tmp_path):
-    server.ignore_range = True
-    part = tmp_path / "d.bin.part"
-    part.write_bytes(b"\xff" * 1000)  # a wrong prefix: appending the 200 body would corrupt
-    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", **FAST)
-    assert dest.read_bytes() == DATA
-    assert server.requests_for("data.bin") == ["bytes=1000-"]
-
-
-def test_complete_part_file_answered_with_416_is_accepted(server, tmp_path):
-    (tmp_path / "d.bin.part").write_bytes(DATA)
-    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
-    assert dest.read_bytes() == DATA
-    assert server.requests_for("data.bin") == [f"bytes={len(DATA)}-"]
+    assert not dest.exists() and [p.name for p in tmp_path.iterdir()] == ["www"]  # no temporary
 
 
 def test_wrong_checksum_raises_and_leaves_no_file(server, tmp_path):
     dest = tmp_path / "d.bin"
     with pytest.raises(ChecksumError, match=f"expected {'0' * 64}"):
         fetch(server.url("data.bin"), dest, sha256="0" * 64, **FAST)
-    assert not dest.exists() and not (tmp_path / "d.bin.part").exists()
+    assert not dest.exists() and [p.name for p in tmp_path.iterdir()] == ["www"]  # no temporary
 
 
-def test_size_mismatch_with_the_server_is_an_error(server, tmp_path):
-    dest = tmp_path / "d.bin"
-    with pytest.raises(DownloadError, match=f"reports {len(DATA)} bytes .* expected size 10"):
-        fetch(server.url("data.bin"), dest, size=10, **FAST)
-    assert not dest.exists() and not (tmp_path / "d.bin.part").exists()
-
-
-def test_stall_times_out_and_the_retry_resumes(server, tmp_path):
+def test_stall_times_out_and_is_retried(server, tmp_path):
     server.add_faults("data.bin", "stall")
     start = time.monotonic()
     dest = fetch(server.url("data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
     assert dest.read_bytes() == DATA
-    assert server.requests_for("data.bin")[1] == f"bytes={len(DATA) // 2}-"
+    assert server.requests_for("data.bin") == [None, None]
     assert time.monotonic() - start < server.stall_s  # gave up on the stall, did not wait it out
 
 
@@ -131,8 +105,7 @@ def test_offline_error_names_the_cache_path_and_local(tmp_path):
 def test_unreachable_host_is_not_retried(tmp_path):
     start = time.monotonic()
     with pytest.raises(DownloadError, match="after 1 attempt ") as info:
-        fetch(closed_port_url(), tmp_path / "d.bin", retries=4, backoff=1.0, timeout=0.5,
-              progress=False)
+        fetch(closed_port_url(), tmp_path / "d.bin", retries=4, backoff=1.0, timeout=0.5)
     assert time.monotonic() - start < 1  # the backoff alone would sleep 15 s
     assert "not retried: the host cannot be reached" in info.value.reason
 
@@ -173,7 +146,7 @@ def test_refused_after_the_server_answered_is_retried(monkeypatch, tmp_path):
 def test_verified_cache_hit_makes_no_request(tmp_path):
     dest = tmp_path / "d.bin"
     dest.write_bytes(DATA)
-    assert fetch(closed_port_url(), dest, sha256=SHA, size=len(DATA), **FAST) == dest
+    assert fetch(closed_port_url(), dest, sha256=SHA, **FAST) == dest
 
 
 def test_corrupt_cached_file_is_downloaded_again(server, tmp_path):
@@ -183,19 +156,11 @@ def test_corrupt_cached_file_is_downloaded_again(server, tmp_path):
     assert dest.read_bytes() == DATA
 
 
-def test_redirect_is_followed_and_resume_still_uses_range(server, tmp_path):
+def test_redirect_is_followed(server, tmp_path):
     server.add_faults("data.bin", "truncate")
     dest = fetch(server.url("redirect/data.bin"), tmp_path / "d.bin", sha256=SHA, **FAST)
     assert dest.read_bytes() == DATA
-    assert server.requests_for("data.bin") == [None, f"bytes={len(DATA) // 2}-"]
-
-
-@pytest.mark.parametrize("ignore_range", [False, True])
-def test_max_bytes_keeps_only_the_prefix(server, tmp_path, ignore_range):
-    server.ignore_range = ignore_range
-    dest = fetch(server.url("data.bin"), tmp_path / "d.bin", max_bytes=1000, **FAST)
-    assert dest.read_bytes() == DATA[:1000]
-    assert server.requests_for("data.bin") == ["bytes=0-999"]
+    assert server.requests_for("data.bin") == [None, None]
 
 
 def test_cache_path_mirrors_the_url_and_cannot_escape(tmp_path):

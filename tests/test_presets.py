@@ -2,7 +2,8 @@
 
 `python -m pipeline.preset <name>` writes params.yaml in a scratch project; the preset is then
 shrunk the way a conftest fixture shrinks the real config (tiny sizes and budgets, CPU, one seed)
-and its source is pointed at fixture files served from 127.0.0.1; then every stage of dvc.yaml runs
+and its source is pointed at fixture files served from 127.0.0.1 (a hub dataset's through
+HF_ENDPOINT, as the hub's client is pointed at a mirror); then every stage of dvc.yaml runs
 in order, by calling its module's main() with the stage's own command line (matrix expanded).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ PRESETS = ROOT / "presets"
 SEED_PRESETS = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "nanogpt_shakespeare_char",
                 "nanogpt_shakespeare_char_gpu", "cnn_dailymail_cpu", "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu",
                 "multi30k_comparisons_cpu")
-FAST = {"timeout_s": 5.0, "retries": 1}
+FAST = {"timeout_s": 5.0, "retries": 1}  # a plain URL's download (tiny_shakespeare)
 # The task metric each preset exists to measure, as eval.json names it.
 TASK_METRICS = {"cnn_dailymail": ("rouge1", "rouge2", "rougeL"), "iwslt2017": ("bleu", "chrf"),
                 "tiny_shakespeare": ("bits_per_char", "bits_per_byte"),
@@ -86,6 +87,7 @@ def serve_tinystories(root: Path) -> dict:
     return {"files": {"train": "train.txt", "validation": "valid.txt"}}
 
 
+HUB = {"cnn_dailymail", "iwslt2017", "tinystories"}  # served as hub dataset fixtures/<folder>
 SERVE = {"cnn_dailymail": ("cnn", serve_cnn), "iwslt2017": ("iwslt", serve_iwslt),
          "tiny_shakespeare": ("ts", serve_tiny_shakespeare), "tinystories": ("tiny", serve_tinystories),
          "nanogpt_shakespeare_char": ("ts", serve_tiny_shakespeare),
@@ -206,7 +208,7 @@ def project(tmp_path, monkeypatch, mlflow_uri):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SEED_PRESETS)
-def test_preset_runs_every_stage_and_reports_its_task_metric(name, project, capsys):
+def test_preset_runs_every_stage_and_reports_its_task_metric(name, project, capsys, monkeypatch):
     preset.main([name, "--presets-dir", str(PRESETS)])
     assert "changed sections:" in capsys.readouterr().out
     params = yaml.safe_load(Path("params.yaml").read_text())
@@ -222,7 +224,13 @@ def test_preset_runs_every_stage_and_reports_its_task_metric(name, project, caps
     else:
         folder, make = SERVE[name]
         with serve(www) as hub:
-            options = {"base_url": hub.url(folder), **FAST, **make(www)}
+            if name in HUB:  # the server plays the hub's endpoint; the client caches in the project
+                monkeypatch.setenv("HF_ENDPOINT", hub.url().rstrip("/"))
+                monkeypatch.setenv("HF_HOME", str(project / "hf_home"))
+                (www / "fixtures").mkdir()
+                options = {"repo": f"fixtures/{folder}", "subfolder": "", **make(www / "fixtures")}
+            else:
+                options = {"base_url": hub.url(folder), **FAST, **make(www)}
             Path("params.yaml").write_text(yaml.safe_dump(shrink(params, options, project / "cache"),
                                                           sort_keys=False))
             for _, cmd in stage_commands(params):

@@ -1,4 +1,6 @@
-"""The downloaded sources, each served from a local HTTP server (127.0.0.1) with tiny fixture files."""
+"""The downloaded sources, each served from a local HTTP server (127.0.0.1) with tiny fixture files:
+plain URLs (tiny_shakespeare) and the Hugging Face Hub's endpoint (HF_ENDPOINT) for the hub
+datasets, downloaded by its client into a per-test HF_HOME."""
 from __future__ import annotations
 
 import hashlib
@@ -14,23 +16,31 @@ import pytest
 
 from pipeline.sources import SOURCES, get_source
 from pipeline.sources.common import TASKS, write_raw
-from pipeline.sources.http import ChecksumError, DownloadError, cache_path
+from pipeline.sources import hub as hub_client
+from pipeline.sources.http import ChecksumError, DownloadError
 from pipeline.sources.plain_text import split_paragraphs
 from tests.fixtures.sources.server import closed_port_url, serve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sources"
-FAST = {"timeout_s": 2.0, "retries": 1}
+FAST = {"timeout_s": 2.0, "retries": 1}  # plain URLs (tiny_shakespeare); the hub's client has its own
+
+
+@pytest.fixture(autouse=True)
+def _hf_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # the hub's client caches per test
 
 
 @pytest.fixture
-def hub(tmp_path):
+def hub(tmp_path, monkeypatch):
     root = tmp_path / "www"
     root.mkdir()
     with serve(root) as srv:
+        monkeypatch.setenv("HF_ENDPOINT", srv.url().rstrip("/"))
         yield srv
 
 
 def put(server, path: str, data: bytes | str) -> None:
+    """A file at `path` of the server: a plain URL, or fixtures/<name>/... of hub dataset fixtures/<name>."""
     file = server.root / path
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_bytes(data.encode() if isinstance(data, str) else data)
@@ -40,6 +50,12 @@ def put_parquet(server, path: str, columns: dict) -> None:
     file = server.root / path
     file.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), file)
+
+
+def hand_path(tmp_path: Path, repo: str, filename: str, revision: str = "main") -> Path:
+    """Where a hub file put by hand is found (the project cache the tests give, tmp_path/cache)."""
+    return (tmp_path / "cache" / "huggingface.co" / "datasets" / repo / "resolve" / revision.replace("/", "%2F")
+            / filename)
 
 
 def run(name: str, options: dict, tmp_path: Path) -> tuple[dict[str, pd.DataFrame], dict]:
@@ -52,15 +68,18 @@ def run(name: str, options: dict, tmp_path: Path) -> tuple[dict[str, pd.DataFram
     return frames, json.loads((out / "meta.json").read_text())
 
 
+CNN = "fixtures/cnn"  # the hub dataset; the source's default subfolder 3.0.0 holds the shards
+
+
 def cnn_shards(hub) -> dict:
-    put_parquet(hub, "cnn/3.0.0/train-0.parquet",
+    put_parquet(hub, f"{CNN}/3.0.0/train-0.parquet",
                 {"id": ["a", "b", "c"], "article": ["A1", "A2", "A3"], "highlights": ["H1", "H2", "H3"]})
-    put_parquet(hub, "cnn/3.0.0/train-1.parquet",
+    put_parquet(hub, f"{CNN}/3.0.0/train-1.parquet",
                 {"id": ["d"], "article": ["A4"], "highlights": ["H4"]})
-    put_parquet(hub, "cnn/3.0.0/val.parquet", {"id": ["e", "f"], "article": ["V1", "V2"],
-                                               "highlights": ["W1", "W2"]})
+    put_parquet(hub, f"{CNN}/3.0.0/val.parquet", {"id": ["e", "f"], "article": ["V1", "V2"],
+                                                  "highlights": ["W1", "W2"]})
     files = {"train": ["train-0.parquet", "train-1.parquet"], "validation": ["val.parquet"]}
-    return {"base_url": hub.url("cnn/3.0.0"), "files": files, **FAST}
+    return {"repo": CNN, "files": files}
 
 
 def test_cnn_dailymail_maps_article_and_highlights_and_records_provenance(hub, tmp_path):
@@ -70,24 +89,25 @@ def test_cnn_dailymail_maps_article_and_highlights_and_records_provenance(hub, t
     assert frames["validation"]["source"].tolist() == ["V1", "V2"]
     assert (meta["source"], meta["task"], meta["rows"]) == ("cnn_dailymail", "summarization",
                                                             {"train": 4, "validation": 2})
-    served = hub.root / "cnn/3.0.0/train-1.parquet"
+    served = hub.root / CNN / "3.0.0/train-1.parquet"
     record = next(f for f in meta["files"] if f["file"] == "train-1.parquet")
     assert record["sha256"] == hashlib.sha256(served.read_bytes()).hexdigest()
-    assert record["url"] == hub.url("cnn/3.0.0/train-1.parquet")
+    assert record["url"] == hub.url(hub.hub_path(CNN, "3.0.0/train-1.parquet"))
+    assert (record["repo"], record["revision"], len(record["commit"])) == (CNN, "main", 40)
 
 
 def test_second_run_uses_the_cache(hub, tmp_path):
     options = cnn_shards(hub)
     run("cnn_dailymail", options, tmp_path)
-    n_requests = len(hub.log)
+    n_requests = len(hub.log), len(hub.heads)
     run("cnn_dailymail", options, tmp_path)
-    assert len(hub.log) == n_requests == 3
+    assert (len(hub.log), len(hub.heads)) == n_requests and n_requests[0] == 3
 
 
 def test_max_rows_stops_before_downloading_later_shards(hub, tmp_path):
     frames, _ = run("cnn_dailymail", {**cnn_shards(hub), "max_rows": 2}, tmp_path)
     assert frames["train"]["source"].tolist() == ["A1", "A2"]
-    assert hub.requests_for("cnn/3.0.0/train-1.parquet") == []
+    assert hub.requests_for(hub.hub_path(CNN, "3.0.0/train-1.parquet")) == []
 
 
 def test_pinned_sha256_mismatch_is_a_checksum_error(hub, tmp_path):
@@ -101,37 +121,41 @@ def test_pin_for_an_unknown_file_names_the_key(hub, tmp_path):
         run("cnn_dailymail", {**cnn_shards(hub), "sha256": {"nope.parquet": "0" * 64}}, tmp_path)
 
 
-def test_offline_error_lists_every_needed_file_at_once_and_fails_fast(tmp_path):
+def test_offline_error_lists_every_needed_file_at_once_and_fails_fast(tmp_path, monkeypatch, caplog):
     files = {"train": ["train-0.parquet", "train-1.parquet"], "validation": ["val.parquet"]}
-    base_url = closed_port_url("cnn/3.0.0").rsplit("/", 1)[0]  # default retries and backoff
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_url("").rstrip("/"))  # nothing listens: no network
     start = time.monotonic()
     with pytest.raises(DownloadError) as info:
-        run("cnn_dailymail", {"base_url": base_url, "files": files}, tmp_path)
-    assert time.monotonic() - start < 2  # refused: no retries with backoff (that took ~15 s)
+        run("cnn_dailymail", {"repo": CNN, "files": files}, tmp_path)
+    assert time.monotonic() - start < 2  # refused: not the client's ~20 s of retries with backoff
     message = str(info.value)
     assert "\n" not in message and message.startswith("cnn_dailymail: cannot download ")
+    assert "Connection refused" in message
     for split, shards in files.items():
-        for shard in shards:  # the shards not attempted yet are listed too
-            path = cache_path(tmp_path / "cache", f"{base_url}/{shard}")
+        for shard in shards:  # the shards not attempted yet are listed too, and logged a line each
+            path = hand_path(tmp_path, CNN, f"3.0.0/{shard}")
             assert f"{shard} -> {path}" in message
-    for alternative in ("data.cache_dir", "$ABLATION_LAB_CACHE", "data.source: local"):
+            assert f"cnn_dailymail: {shard} is not cached: put it at {path}" in caplog.text
+    for alternative in ("data.cache_dir", "$ABLATION_LAB_CACHE", "data.source: local",
+                        f"`hf download {CNN} 3.0.0/train-0.parquet 3.0.0/train-1.parquet 3.0.0/val.parquet "
+                        f"--repo-type dataset --revision main` and the same HF_HOME"):
         assert alternative in message
     assert not (tmp_path / "raw").exists()
 
 
 def test_offline_error_names_the_prefix_file_of_max_bytes(tmp_path):
-    base_url = closed_port_url("tiny").rsplit("/", 1)[0]
-    with pytest.raises(DownloadError) as info:
-        run("tinystories", {"base_url": base_url, "max_bytes": 100}, tmp_path)
-    path = cache_path(tmp_path / "cache", f"{base_url}/TinyStoriesV2-GPT4-valid.txt")
+    with pytest.raises(DownloadError) as info:  # HF_ENDPOINT: conftest's closed port
+        run("tinystories", {"max_bytes": 100}, tmp_path)
+    path = hand_path(tmp_path, "roneneldan/TinyStories", "TinyStoriesV2-GPT4-valid.txt")
     assert (f"TinyStoriesV2-GPT4-valid.txt (its first 100 bytes) -> {path}.first-100-bytes"
             in str(info.value))
 
 
 def forbid_network(monkeypatch) -> None:
-    def urlopen(*args, **kwargs):
+    def network(*args, **kwargs):
         raise AssertionError("the network was used")
-    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(urllib.request, "urlopen", network)
+    monkeypatch.setattr(hub_client, "download", network)
 
 
 @pytest.mark.parametrize("name", ["cnn_dailymail", "tinystories"])
@@ -154,26 +178,27 @@ def test_a_cached_source_never_touches_the_network(hub, tmp_path, monkeypatch, n
 def test_partly_cached_source_lists_only_the_missing_files(hub, tmp_path):
     options = cnn_shards(hub)
     run("cnn_dailymail", options, tmp_path)
-    cached = {f: cache_path(tmp_path / "cache", hub.url(f"cnn/3.0.0/{f}"))
-              for f in ("train-0.parquet", "train-1.parquet", "val.parquet")}
-    cached["train-1.parquet"].unlink()
-    cached["val.parquet"].unlink()
+    snapshot = tmp_path / "hf_home" / "hub" / "datasets--fixtures--cnn" / "snapshots"
+    for name in ("train-1.parquet", "val.parquet"):  # gone from the hub client's cache
+        next(snapshot.glob(f"*/3.0.0/{name}")).unlink()
     hub.shutdown()
     hub.server_close()
     with pytest.raises(DownloadError, match="cannot download .*train-1.parquet") as info:
         run("cnn_dailymail", options, tmp_path)
     message = str(info.value)
-    assert f"train-1.parquet -> {cached['train-1.parquet']}" in message
-    assert f"val.parquet -> {cached['val.parquet']}" in message  # not attempted, still listed
-    assert str(cached["train-0.parquet"]) not in message
+    by_hand = {f: hand_path(tmp_path, CNN, f"3.0.0/{f}") for f in ("train-0.parquet", "train-1.parquet", "val.parquet")}
+    assert f"train-1.parquet -> {by_hand['train-1.parquet']}" in message
+    assert f"val.parquet -> {by_hand['val.parquet']}" in message  # not attempted, still listed
+    assert "train-0.parquet" not in message
 
 
-def test_server_errors_are_still_retried_and_then_list_the_files(hub, tmp_path):
+def test_a_failing_hub_lists_the_files(hub, tmp_path):
     options = cnn_shards(hub)
-    hub.add_faults("cnn/3.0.0/train-0.parquet", *["500"] * 5)
-    with pytest.raises(DownloadError, match=r"HTTP 500 .*2 attempts.*val.parquet -> "):
+    hub.add_faults(hub.hub_path(CNN, "3.0.0/train-0.parquet"), *["500"] * 5)
+    with pytest.raises(DownloadError, match=r"\(HTTP 500 from http://127.0.0.1:\d+\).*val.parquet -> "):
         run("cnn_dailymail", options, tmp_path)
-    assert len(hub.requests_for("cnn/3.0.0/train-0.parquet")) == 2  # FAST: retries 1
+    # The client retries a HEAD's 5xx and a download cut short, not a GET answered 500.
+    assert len(hub.requests_for(hub.hub_path(CNN, "3.0.0/train-0.parquet"))) == 1
 
 
 def test_tiny_shakespeare_splits_speeches_contiguously(hub, tmp_path):
@@ -209,12 +234,12 @@ def test_tiny_shakespeare_too_few_documents_is_an_error(hub, tmp_path):
 
 def tinystories(hub, n_train: int = 10) -> tuple[dict, list[str], list[str]]:
     train = [f"Story {i}: a little fox found {i} red berries." for i in range(n_train)]
-    put(hub, "tiny/train.txt", "".join(f"{s}\n<|endoftext|>\n" for s in train))
+    put(hub, "fixtures/tiny/train.txt", "".join(f"{s}\n<|endoftext|>\n" for s in train))
     valid_text = (FIXTURES / "tinystories_valid.txt").read_text()
-    put(hub, "tiny/valid.txt", valid_text)
+    put(hub, "fixtures/tiny/valid.txt", valid_text)
     valid = [s.strip() for s in valid_text.split("<|endoftext|>") if s.strip()]
-    options = {"base_url": hub.url("tiny"), "files": {"train": "train.txt", "validation": "valid.txt"}}
-    return {**options, **FAST}, train, valid
+    options = {"repo": "fixtures/tiny", "files": {"train": "train.txt", "validation": "valid.txt"}}
+    return options, train, valid
 
 
 def test_tinystories_splits_on_endoftext_and_carves_test_from_validation(hub, tmp_path):
@@ -238,17 +263,32 @@ def test_tinystories_max_bytes_downloads_a_prefix_and_drops_the_cut_story(hub, t
     cut = len("".join(f"{s}\n<|endoftext|>\n" for s in train[:7])) + 10  # inside story 7
     frames, meta = run("tinystories", {**options, "max_bytes": cut}, tmp_path)
     assert frames["train"]["target"].tolist() == train[:7]
-    assert hub.requests_for("tiny/train.txt") == [f"bytes=0-{cut - 1}"]
+    assert hub.requests_for(hub.hub_path("fixtures/tiny", "train.txt")) == [f"bytes=0-{cut - 1}"]
     assert meta["files"][0]["max_bytes"] == cut
+    # The prefix lives in the project's cache, where it would be put by hand.
+    prefix = hand_path(tmp_path, "fixtures/tiny", "train.txt").with_name(f"train.txt.first-{cut}-bytes")
+    assert prefix.stat().st_size == cut
     frames, _ = run("tinystories", options, tmp_path)  # the cached prefix is not the whole file
     assert frames["train"]["target"].tolist() == train
 
 
+def test_tinystories_prefix_resumes_its_part_file(hub, tmp_path):
+    options, train, _ = tinystories(hub, n_train=50)
+    cut = 900
+    prefix = hand_path(tmp_path, "fixtures/tiny", "train.txt").with_name(f"train.txt.first-{cut}-bytes")
+    prefix.parent.mkdir(parents=True)
+    served = (hub.root / "fixtures/tiny/train.txt").read_bytes()
+    prefix.with_name(prefix.name + ".part").write_bytes(served[:300])  # an earlier run, cut short
+    run("tinystories", {**options, "max_bytes": cut}, tmp_path)
+    assert hub.requests_for(hub.hub_path("fixtures/tiny", "train.txt")) == [f"bytes=300-{cut - 1}"]
+    assert prefix.read_bytes() == served[:cut] and not prefix.with_name(prefix.name + ".part").exists()
+
+
 def put_iwslt(hub, pairs: list[dict]) -> dict:
     for split in ("train", "validation"):
-        put_parquet(hub, f"iwslt/{split}/0000.parquet", {"translation": pairs})
+        put_parquet(hub, f"fixtures/iwslt/iwslt2017-en-de/{split}/0000.parquet", {"translation": pairs})
     files = {s: f"{s}/0000.parquet" for s in ("train", "validation")}
-    return {"base_url": hub.url("iwslt"), "files": files, **FAST}
+    return {"repo": "fixtures/iwslt", "files": files}
 
 
 @pytest.mark.parametrize("direction", ["en-de", "de-en"])
@@ -259,6 +299,9 @@ def test_iwslt2017_reads_translation_structs_in_either_direction(hub, tmp_path, 
     assert frames["train"].to_dict("list") == {"source": [p[src] for p in pairs],
                                                "target": [p[tgt] for p in pairs]}
     assert (meta["task"], meta["direction"]) == ("translation", direction)
+    # the parquet-converter branch, quoted in the URL as the hub's client quotes it
+    assert hub.requests_for("/datasets/fixtures/iwslt/resolve/refs%2Fconvert%2Fparquet/"
+                            "iwslt2017-en-de/train/0000.parquet") == [None]
 
 
 def test_iwslt2017_rejects_rows_without_both_languages(hub, tmp_path):
@@ -269,10 +312,10 @@ def test_iwslt2017_rejects_rows_without_both_languages(hub, tmp_path):
 
 @pytest.mark.parametrize("direction", ["en-de", "de-en"])
 def test_multi30k_reads_jsonl_pairs(hub, tmp_path, direction):
-    put(hub, "m30k/train.jsonl", (FIXTURES / "multi30k_train.jsonl").read_bytes())
-    put(hub, "m30k/val.jsonl", '{"en": "A cat sleeps.", "de": "Eine Katze schläft."}\n')
+    put(hub, "fixtures/m30k/train.jsonl", (FIXTURES / "multi30k_train.jsonl").read_bytes())
+    put(hub, "fixtures/m30k/val.jsonl", '{"en": "A cat sleeps.", "de": "Eine Katze schläft."}\n')
     files = {"train": "train.jsonl", "validation": "val.jsonl"}
-    options = {"base_url": hub.url("m30k"), "files": files, "direction": direction, **FAST}
+    options = {"repo": "fixtures/m30k", "files": files, "direction": direction}
     frames, _ = run("multi30k", options, tmp_path)
     rows = [json.loads(line) for line in (FIXTURES / "multi30k_train.jsonl").read_text().splitlines()
             if line.strip()]
@@ -290,6 +333,15 @@ def test_unknown_option_is_a_one_line_error_naming_the_key(name, tmp_path):
     with pytest.raises(ValueError, match=rf"^data\.{name}\.bogus: unknown option") as info:
         SOURCES[name].fetch(options, tmp_path / "cache", tmp_path / "raw")
     assert "\n" not in str(info.value) and not (tmp_path / "raw").exists()
+
+
+@pytest.mark.parametrize("key, hint", [("base_url", "HF_ENDPOINT for a mirror"),
+                                       ("timeout_s", "HF_HUB_DOWNLOAD_TIMEOUT"), ("retries", "retries on its own")])
+def test_a_plain_url_option_on_a_hub_source_says_what_replaces_it(tmp_path, key, hint):
+    with pytest.raises(ValueError, match=rf"^data\.tinystories\.{key}: not an option of a hub source: .*{hint}"):
+        SOURCES["tinystories"].fetch({key: 1}, tmp_path / "cache", tmp_path / "raw")
+    with pytest.raises(ValueError, match=r"^data\.multi30k\.repo: .*must be owner/name"):
+        SOURCES["multi30k"].fetch({"repo": "multi30k"}, tmp_path / "cache", tmp_path / "raw")
 
 
 def test_invalid_direction_names_the_key(tmp_path):

@@ -10,10 +10,11 @@ Every source is a module `pipeline.sources.<name>` with
 and the downloaded (remote) sources also
     needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]
         every file the options call for, with its URL and cache path, known before any download;
-        `RemoteFiles` checks them against the cache first and names the missing ones when offline.
+        `RemoteFiles` checks them against the caches first and names the missing ones when offline.
 meta.json["task"] is authoritative (it is the only place `local` records its task).
-Shared by the sources: common (options, needed files, writing raw/), http (downloads with
-cache, checksum and resume), text_io (opening text: gzip, UTF-8, bounded lines), formats (readers
+Shared by the sources: common (options, needed files, writing raw/), hub (a Hugging Face Hub
+dataset's files, with the hub's client: its cache, token, endpoint and offline switch), http
+(plain URLs: cache and checksum), text_io (opening text: gzip, UTF-8, bounded lines), formats (readers
 of parquet, JSONL, JSON, CSV) and plain_text (text cut into documents, parallel text).
 
 `SOURCES` maps name -> module and imports a module only when it is looked up, so importing this

@@ -1,7 +1,7 @@
 """CNN/DailyMail 3.0.0 (summarization): news article -> its bullet-point highlights.
 
-Reads the parquet shards of the Hugging Face hub dataset `abisee/cnn_dailymail` (columns id,
-article, highlights): article -> source, highlights -> target. Shards are fetched in order and,
+Reads the parquet shards of the Hugging Face hub dataset `abisee/cnn_dailymail` (folder 3.0.0,
+downloaded by the hub's client: pipeline/sources/hub.py; columns id, article, highlights): article -> source, highlights -> target. Shards are fetched in order and,
 with `max_rows`, only until the split has enough rows (the train shards are ~250 MB each).
 `needed_files` still lists every shard: how many a split uses depends on row counts that are only
 known once the shards are read, so an offline error asks for all of them.
@@ -14,13 +14,13 @@ from pathlib import Path
 from pydantic import Field
 
 from pipeline.progress import Progress
-from pipeline.sources.common import NeededFile, RawWriter, RemoteFiles, RemoteOptions, Split, needed_file, parse_options
+from pipeline.sources.common import HubOptions, NeededFile, RawWriter, RemoteFiles, Split, hub_file, parse_options
 from pipeline.sources.formats import iter_parquet
 
 NAME = "cnn_dailymail"
 task = "summarization"
 
-BASE_URL = "https://huggingface.co/datasets/abisee/cnn_dailymail/resolve/main/3.0.0"
+REPO = "abisee/cnn_dailymail"
 FILES = {
     "train": [f"train-0000{i}-of-00003.parquet" for i in range(3)],
     "validation": ["validation-00000-of-00001.parquet"],
@@ -28,15 +28,16 @@ FILES = {
 }
 
 
-class Options(RemoteOptions):
-    base_url: str = BASE_URL  # override for a mirror (tests point it at 127.0.0.1)
+class Options(HubOptions):
+    repo: str = REPO  # a mirror: HF_ENDPOINT (tests point it at 127.0.0.1)
+    subfolder: str = "3.0.0"
     files: dict[Split, list[str]] = Field(
         default_factory=lambda: {k: list(v) for k, v in FILES.items()})
 
 
 def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
     """Every shard of every split, in order (with max_rows, the later ones may go unread)."""
-    return [needed_file(opts.base_url, shard, cache_dir, split)
+    return [hub_file(opts, shard, cache_dir, split)
             for split, shards in opts.files.items() for shard in shards]
 
 

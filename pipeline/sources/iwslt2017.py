@@ -2,7 +2,8 @@
 
 Reads the parquet export of the Hugging Face hub dataset `IWSLT/iwslt2017`, config
 `iwslt2017-en-de` (the hub's parquet-converter branch `refs/convert/parquet`; the dataset's main
-branch only holds a loading script and the original zipped XML). Each row has a `translation`
+branch only holds a loading script and the original zipped XML), downloaded by the hub's client
+(pipeline/sources/hub.py). Each row has a `translation`
 struct {"de": ..., "en": ...}; `direction` picks which side is the source.
 
 `local_dir`: read the official release instead (for when the Hugging Face copy is unreachable):
@@ -20,7 +21,7 @@ from pydantic import Field
 
 from pipeline.progress import Progress
 from pipeline.sources.common import (
-    Direction, NeededFile, RawWriter, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, shown, write_raw,
+    Direction, HubOptions, NeededFile, RawWriter, RemoteFiles, Split, hub_file, parse_options, shown, write_raw,
 )
 from pipeline.sources.formats import read_parquet
 from pipeline.sources.http import ChecksumError, DownloadError, sha256_file
@@ -29,16 +30,17 @@ from pipeline.sources.markup import tagged_pairs, xml_pairs
 NAME = "iwslt2017"
 task = "translation"
 
-BASE_URL = ("https://huggingface.co/datasets/IWSLT/iwslt2017/resolve/refs%2Fconvert%2Fparquet/"
-            "iwslt2017-en-de")
+REPO = "IWSLT/iwslt2017"
 
 
 LOCAL_FILES = {"train": "train.tags.en-de.{lang}", "validation": "IWSLT17.TED.dev2010.en-de.{lang}.xml",
                "test": "IWSLT17.TED.tst2010.en-de.{lang}.xml"}
 
 
-class Options(RemoteOptions):
-    base_url: str = BASE_URL
+class Options(HubOptions):
+    repo: str = REPO
+    revision: str = "refs/convert/parquet"
+    subfolder: str = "iwslt2017-en-de"
     files: dict[Split, str] = Field(default_factory=lambda: {
         s: f"{s}/0000.parquet" for s in ("train", "validation", "test")})
     direction: Direction = "en-de"
@@ -47,7 +49,7 @@ class Options(RemoteOptions):
 
 
 def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
-    return [needed_file(opts.base_url, file, cache_dir, split)
+    return [hub_file(opts, file, cache_dir, split)
             for split, file in opts.files.items()]
 
 

@@ -1,8 +1,9 @@
 """Multi30k English-German (translation): image captions and their German translations.
 
 Reads the JSON-lines files of the Hugging Face hub dataset `bentrevett/multi30k` (the WMT16
-multimodal task 1 data: 29,000 train / 1,014 validation / 1,000 test pairs), one object
-{"en": ..., "de": ...} per line; `direction` picks which side is the source.
+multimodal task 1 data: 29,000 train / 1,014 validation / 1,000 test pairs; downloaded by the
+hub's client, pipeline/sources/hub.py), one object {"en": ..., "de": ...} per line; `direction`
+picks which side is the source.
 """
 from __future__ import annotations
 
@@ -11,25 +12,25 @@ from pathlib import Path
 from pydantic import Field
 
 from pipeline.sources.common import (
-    Direction, NeededFile, RemoteFiles, RemoteOptions, Split, needed_file, parse_options, write_raw,
+    Direction, HubOptions, NeededFile, RemoteFiles, Split, hub_file, parse_options, write_raw,
 )
 from pipeline.sources.formats import read_jsonl
 
 NAME = "multi30k"
 task = "translation"
 
-BASE_URL = "https://huggingface.co/datasets/bentrevett/multi30k/resolve/main"
+REPO = "bentrevett/multi30k"
 
 
-class Options(RemoteOptions):
-    base_url: str = BASE_URL
+class Options(HubOptions):
+    repo: str = REPO
     files: dict[Split, str] = Field(default_factory=lambda: {
         "train": "train.jsonl", "validation": "val.jsonl", "test": "test.jsonl"})
     direction: Direction = "en-de"
 
 
 def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
-    return [needed_file(opts.base_url, file, cache_dir, split)
+    return [hub_file(opts, file, cache_dir, split)
             for split, file in opts.files.items()]
 
 

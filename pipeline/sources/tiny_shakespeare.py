@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.sources.common import NeededFile, RemoteFiles, RemoteOptions, needed_file, parse_options, write_raw
+from pipeline.sources.common import NeededFile, RemoteFiles, UrlOptions, needed_file, parse_options, write_raw
 from pipeline.sources.plain_text import split_paragraphs
 
 NAME = "tiny_shakespeare"
@@ -29,7 +29,7 @@ task = "language_modeling"
 BASE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare"
 
 
-class Options(RemoteOptions):
+class Options(UrlOptions):  # a GitHub raw file: a plain URL (pipeline/sources/http.py)
     base_url: str = BASE_URL
     file: str = "input.txt"
     doc_chars: int = Field(0, ge=0)  # 0: one speech per document; N: pack speeches up to N chars

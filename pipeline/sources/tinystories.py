@@ -1,4 +1,5 @@
-"""TinyStories V2 (language modelling): short GPT-4-written stories, roneneldan/TinyStories.
+"""TinyStories V2 (language modelling): short GPT-4-written stories, the Hugging Face Hub dataset
+roneneldan/TinyStories (downloaded by the hub's client: pipeline/sources/hub.py).
 
 Files: TinyStoriesV2-GPT4-train.txt (2.2 GB) and TinyStoriesV2-GPT4-valid.txt (22 MB), plain text
 with stories separated by `<|endoftext|>`. Each story is one document.
@@ -6,8 +7,9 @@ Splits: train from the train file. The dataset has no test file, so the validati
 two, in file order: the last `test_from_validation` fraction of its stories become test (0 keeps
 the whole file as validation and writes no test split).
 Size: `max_rows` keeps the first N stories read from each file; `max_bytes` downloads only the
-first N bytes of each file (a Range request), dropping the story cut at the end — use it to try
-the dataset without fetching the 2.2 GB train file.
+first N bytes of each file (a Range request; the prefix is kept in the project's cache, not the
+hub's, which holds whole files only), dropping the story cut at the end — use it to try the
+dataset without fetching the 2.2 GB train file.
 """
 from __future__ import annotations
 
@@ -17,18 +19,18 @@ from pathlib import Path
 from pydantic import Field, PositiveInt
 
 from pipeline.progress import Progress
-from pipeline.sources.common import NeededFile, RawWriter, RemoteFiles, RemoteOptions, Split, needed_file, parse_options
+from pipeline.sources.common import HubOptions, NeededFile, RawWriter, RemoteFiles, Split, hub_file, parse_options
 from pipeline.sources.plain_text import delimited_batches
 
 NAME = "tinystories"
 task = "language_modeling"
 
-BASE_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
+REPO = "roneneldan/TinyStories"
 SEPARATOR = "<|endoftext|>"
 
 
-class Options(RemoteOptions):
-    base_url: str = BASE_URL
+class Options(HubOptions):
+    repo: str = REPO
     files: dict[Split, str] = Field(default_factory=lambda: {
         "train": "TinyStoriesV2-GPT4-train.txt", "validation": "TinyStoriesV2-GPT4-valid.txt"})
     max_bytes: PositiveInt | None = None  # download only this many leading bytes of each file
@@ -37,7 +39,7 @@ class Options(RemoteOptions):
 
 def needed_files(opts: Options, cache_dir: Path) -> list[NeededFile]:
     """One file per split; with max_bytes, its prefix (cached under a `.first-N-bytes` name)."""
-    return [needed_file(opts.base_url, file, cache_dir, split, opts.max_bytes)
+    return [hub_file(opts, file, cache_dir, split, opts.max_bytes)
             for split, file in opts.files.items()]
 
 
