@@ -125,6 +125,9 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        # qk_norm: one RMSNorm for the queries, one for the keys, over each head's head_dim features.
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         # Chosen once here, never per call (the weights for attention maps use the manual path).
         self.attend: AttendFn = fused_attention if cfg.attention_impl == "sdpa" else scaled_dot_product_attention
 
@@ -149,14 +152,20 @@ class MultiHeadAttention(nn.Module):
         b, length, d = x.shape
         if self.cross:
             q = self._split(self.q_proj(x), 1)[0]  # (B, H, L, Dh)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
             if cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v
             else:
                 k, v = self._split(self.kv_proj(memory), 2)  # each (B, H, S, Dh)
+                if self.k_norm is not None:
+                    k = self.k_norm(k)
                 if cache is not None:
                     cache.k, cache.v = k, v
         else:
             q, k, v = self._split(self.qkv_proj(x), 3)  # each (B, H, L, Dh)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = rope(q, pos), rope(k, pos)
             if uniform_rows is not None:

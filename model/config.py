@@ -76,6 +76,10 @@ class ModelConfig:
     ffn: str = "relu"  # relu | gelu | gelu_tanh (tanh approximation, as GPT-2 and nanoGPT 23a8e701) | silu | swiglu
     residual: bool = True  # False removes every residual connection (ablation; hard to train deep)
     attention_impl: str = "sdpa"  # sdpa (fused kernel) | manual (written-out math); same results
+    # RMSNorm on each head's queries and keys before their dot product (a gain per head dimension,
+    # shared by the heads, as in OLMo 2 and Qwen3), in self- and cross-attention; the KV cache
+    # holds the normed keys. Bounds the attention logits; its gains count as attention parameters.
+    qk_norm: bool = False  # false: the paper's attention
     share_embeddings: bool = True  # one token table for encoder and decoder (no effect single-stack)
     tie_output: bool = True  # output projection reuses the (target) token embedding
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model), as in the paper
