@@ -13,6 +13,7 @@ from pipeline.report import _read_params, render_report
 from pipeline.reporting.claims import AGREE, CANNOT, CONTRADICT, UNDECIDED, claims_blocks, read_claim
 from pipeline.reporting.inputs import ReportInputError, Run
 from pipeline.reporting.results import compute_results
+from tests.committed import DEFAULT_PARAMS
 from tests.fixtures.report.fake_runs import make_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +199,7 @@ def test_the_section_opens_the_body_after_the_verdict(tmp_path):
 
 
 def test_default_params_give_no_section(tmp_path):
-    assert load_params(ROOT / "params.yaml").report.seed_claims == []
+    assert load_params(DEFAULT_PARAMS).report.seed_claims == []  # the default study as committed
     assert claims_blocks([], None, {}, [], "baseline", None) == []
     p = make_project(tmp_path)
     out = tmp_path / "reports"

@@ -20,6 +20,7 @@ from pipeline.reporting.inputs import Run
 from pipeline.reporting.knockout import counterpart_variants, knockout_blocks, side_by_side
 from pipeline.reporting.render import Figure, Table, to_markdown
 from pipeline.training.batching import load_split, read_manifest
+from tests.committed import DEFAULT_PARAMS
 from tests.test_evaluate_lm import lm_shards, make_model, save_run  # noqa: F401 - lm_shards is a fixture
 from tests.test_layout import check_stage_deps, loaded_files
 from tests.tiny_project import ROOT, copy_project, ran_stages, record_imports, sh, tiny_params, write_params
@@ -75,8 +76,8 @@ def test_stage_bounds_the_loss_tokens_and_scores_language_models(lm_shards, tmp_
 
 
 def with_knockout(section: str) -> str:
-    """The committed params.yaml with its knockout section replaced by `section`."""
-    text, n = re.subn(r"^knockout:\n  seeds: .*\n", section, (ROOT / "params.yaml").read_text(), flags=re.M)
+    """The default study's params (as committed) with its knockout section replaced by `section`."""
+    text, n = re.subn(r"^knockout:\n  seeds: .*\n", section, DEFAULT_PARAMS.read_text(), flags=re.M)
     assert n == 1
     return text
 
@@ -100,8 +101,8 @@ def test_check_params_names_the_knockout_key_the_baseline_lacks(tmp_path, knocko
 
 
 def test_knockout_seeds_follow_seeds_so_shrinking_seeds_needs_no_second_edit(tmp_path):
-    # The committed params.yaml with only `seeds` edited, as a user trying one seed would.
-    text = (ROOT / "params.yaml").read_text()
+    # The default study's params (as committed) with only `seeds` edited, as a user trying one seed would.
+    text = DEFAULT_PARAMS.read_text()
     assert "\nseeds: [0, 1, 2]\n" in text and "\n  seeds: all\n" in text
     (tmp_path / "params.yaml").write_text(text.replace("\nseeds: [0, 1, 2]\n", "\nseeds: [0]\n"))
     params = load_params(tmp_path / "params.yaml")

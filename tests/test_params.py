@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.params import ParamsError, load_params, merge_overrides, resolve_variant
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.committed import DEFAULT_PARAMS, committed
 
 
 def test_merge_overrides_is_recursive_and_leaves_base_untouched():
@@ -23,7 +22,7 @@ def test_merge_overrides_rejects_unknown_key_with_its_path():
 
 
 def test_default_params_resolve_every_variant():
-    params = load_params(ROOT / "params.yaml")
+    params = load_params(DEFAULT_PARAMS)  # the default study as committed, not the workspace's edits
     assert "baseline" in params.ablations and len(params.seeds) >= 3
     base = resolve_variant(params, "baseline")
     for name in params.ablations:
@@ -72,9 +71,11 @@ def test_unreadable_params_file(tmp_path):
         load_params(tmp_path / "missing.yaml")
 
 
-def test_synthetic_preset_is_the_default_params():
-    # presets/synthetic.yaml lets users switch back to the default study; it must not drift.
-    assert load_params(ROOT / "presets" / "synthetic.yaml") == load_params(ROOT / "params.yaml")
+def test_synthetic_preset_is_the_default_params(tmp_path):
+    # presets/synthetic.yaml lets users switch back to the default study; it must not drift from
+    # the committed params.yaml (the workspace's may hold a user's edits: README "Edit params and rerun").
+    write(tmp_path, committed("params.yaml"))
+    assert load_params(DEFAULT_PARAMS) == load_params(tmp_path / "params.yaml")
 
 
 def test_exponent_floats_without_a_dot_are_floats(tmp_path):

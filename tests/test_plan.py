@@ -18,6 +18,7 @@ from pipeline.planning import calibration, estimate
 from pipeline.params import Params, load_params, model_config, resolve_variant
 from pipeline.train import flops_per_target_token, mean_lengths
 from pipeline.training.batching import load_split, read_manifest
+from tests.committed import default_params
 from tests.tiny_project import tiny_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,7 +307,7 @@ def test_a_report_its_params_no_longer_describe_is_not_calibrated_on(tmp_path):
     (tmp_path / "reports").mkdir()
     copy = tmp_path / "reports" / "report.md"
     copy.write_text(report.read_text())
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = default_params()  # what made the committed report, whatever the workspace's params.yaml holds
     write(tmp_path / "params.yaml", params)
     assert [p.variant for p in calibration.study_points(copy)] == [p.variant for p in calibration.study_points(report)]
     params["model"]["d_ff"] *= 2

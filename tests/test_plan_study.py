@@ -12,6 +12,7 @@ import pytest
 from pipeline import plan
 from pipeline.params import knockout_seeds, load_params
 from pipeline.planning import calibration, estimate, study
+from tests.committed import DEFAULT_PARAMS
 from tests.test_plan import REPORTS, ROOT, STUDY_TOLERANCE, fitted_without, write
 from tests.tiny_project import tiny_params
 
@@ -83,7 +84,7 @@ def test_stage_costs_are_the_measured_ones():
 
 
 def toy_stages(loop: float = 10.0):
-    params = load_params(ROOT / "params.yaml")
+    params = load_params(DEFAULT_PARAMS)  # the default study as committed
     costs = study.StageCosts({f: 1.0 for f in study.FIXED}, 2.0, ["toy"])
     return params, study.study_stages(params, {(v, None): loop for v in params.ablations}, costs)
 
@@ -91,7 +92,7 @@ def toy_stages(loop: float = 10.0):
 def test_one_job_is_the_sum_and_many_are_the_critical_path():
     params, stages = toy_stages()
     runs = len(params.ablations) * len(params.seeds)
-    assert len(stages) == 5 + 2 * runs + len(params.knockout.seeds) + 1
+    assert len(stages) == 5 + 2 * runs + len(knockout_seeds(params.knockout.seeds, params.seeds)) + 1
     assert study.schedule(stages, 1) == pytest.approx(sum(s.seconds for s in stages))
     # Unlimited slots: data chain (5 x 1) + train (2 + 10) + its evaluate or knock-out (1) + report (1).
     assert study.schedule(stages, 1000) == pytest.approx(5 + 12 + 1 + 1)

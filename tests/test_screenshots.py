@@ -35,13 +35,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import yaml
 from PIL import Image
 
 from pipeline.report import DEFAULT_EXPERIMENT, render_report
 from pipeline.reporting.mlflow_mirror import RunData, RunFiles, mirror_runs
 from pipeline.reporting.mlflow_view import CURRENT_RUNS, VIEW_ID, VIEW_NAME, VIEW_QUERY
 from tests.cdp import Browser
+from tests.committed import default_params
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
 from tests.tiny_project import ROOT
 
@@ -202,7 +202,7 @@ def study_runs(db: Path) -> tuple[str, dict[str, float], list[str]]:
 @pytest.mark.slow
 def test_the_default_studys_runs_in_the_saved_view_as_the_readme_shows_them(tmp_path):
     mlflow = pytest.importorskip("mlflow")
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = default_params()  # the committed default study's, whatever the workspace's params.yaml holds
     report = json.loads((ROOT / "reports" / "metrics.json").read_text())
     variants, seeds = list(params["ablations"]), params["seeds"]
     db = tmp_path / "mlflow.db"
