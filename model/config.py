@@ -77,7 +77,7 @@ class ModelConfig:
     residual: bool = True  # False removes every residual connection (ablation; hard to train deep)
     attention_impl: str = "sdpa"  # sdpa (fused kernel) | manual (written-out math); same results
     # RMSNorm on each head's queries and keys before their dot product (a gain per head dimension,
-    # shared by the heads, as in OLMo 2 and Qwen3), in self- and cross-attention; the KV cache
+    # shared by the heads, as in Qwen3 and Gemma 3), in self- and cross-attention; the KV cache
     # holds the normed keys. Bounds the attention logits; its gains count as attention parameters.
     qk_norm: bool = False  # false: the paper's attention
     share_embeddings: bool = True  # one token table for encoder and decoder (no effect single-stack)

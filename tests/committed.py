@@ -10,6 +10,7 @@ README shows.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -58,3 +59,11 @@ def scratch_copy(dest: Path) -> Path:
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "scratch copy"]):
         subprocess.run(["git", *args], cwd=dest, env=env, check=True, capture_output=True)
     return dest
+
+
+def add_ablation(text: str, line: str) -> str:
+    """params.yaml's text with `line` (`  name: {model: {...}}`) after its last ablation, where the
+    README's "Edit params and rerun" adds one."""
+    block = re.search(r"^ablations:\n(?:  .*\n)+", text, flags=re.M)
+    assert block, "params.yaml has no ablations: section"
+    return text[:block.end()] + line.rstrip("\n") + "\n" + text[block.end():]

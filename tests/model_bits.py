@@ -8,10 +8,16 @@ gradient after its backward. tests/fixtures/model_bits.json holds them for
   (booleans negated, each other value of a named choice), at a tiny size,
 - the default study (presets/synthetic.yaml) at its own size, every ablation x attention path,
 - every variant of every preset, shrunk to the tiny size (the combinations studies use).
-The recorded configs hold only what differs from ModelConfig's defaults then, so a field added
-since builds at its default: its default must reproduce these bits (tests/test_model_every_switch.py).
+The recorded configs hold only what differed from ModelConfig's defaults when they were recorded,
+so a field added since builds at its default: its default must reproduce these bits
+(tests/test_model_every_switch.py). The first record was taken before MultiHeadAttention was
+built from the ModelConfig and before qk_norm existed; rerecorded after, it only gained qk_norm's
+eight models.
 
-    python -m tests.model_bits   # rewrite the fixture: only when a model is meant to change
+    python -m tests.model_bits   # rewrite the fixture from the code as it is
+
+Rerecording after adding a switch adds its models and changes no recorded one (the fixture's diff
+is additions only); a changed line means a model changed: only when that is meant.
 
 The forward and gradient bits hold where torch's CPU kernels are pinned (pipeline/cpu_numerics.py,
 x86-64) and at one thread, as the test suite runs; the initial weights anywhere.

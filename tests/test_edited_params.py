@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.committed import ROOT, scratch_copy
+from tests.committed import ROOT, add_ablation, scratch_copy
 
 TESTS = ROOT / "tests"
 # Every test file that reads the default study through tests/committed.py, run in full but for
@@ -40,8 +40,7 @@ def edit_as_the_readme_shows(text: str) -> str:
     """A new ablation after the others (`gelu_ffn: {model: {ffn: gelu}}`) and seeds [0, 1]."""
     text, n = re.subn(r"^seeds: \[0, 1, 2\]$", "seeds: [0, 1]", text, flags=re.M)
     assert n == 1, "params.yaml has no `seeds: [0, 1, 2]` line"
-    block = re.search(r"^ablations:\n(?:  .*\n)+", text, flags=re.M)
-    return text[:block.end()] + "  gelu_ffn: {model: {ffn: gelu}}\n" + text[block.end():]
+    return add_ablation(text, "  gelu_ffn: {model: {ffn: gelu}}")
 
 
 @pytest.mark.slow

@@ -8,9 +8,9 @@ one at a time, in every architecture and attention path (tests/model_bits.py lis
 - decodes with the KV cache as by full recomputation; a model that cannot cache (decoder_mask
   future_only) says so in `start_decoding`, which then recomputes on both paths;
 - gives the same logits and gradients on the manual attention path as on the fused kernel;
-and the default leaves today's bits alone: tests/fixtures/model_bits.json, recorded before the
-last switch was added, holds the weights, logits and gradients of every model a default, a switch
-or a preset builds, and those configs, which set no field added since, build the same bits now.
+and the default leaves today's bits alone: tests/fixtures/model_bits.json holds the weights, logits
+and gradients of every model a default, a switch or a preset built when it was recorded, and those
+configs, which set no field added since, build the same bits now (tests/model_bits.py).
 """
 from __future__ import annotations
 
