@@ -86,7 +86,8 @@ def study_row(folder: Path, root: Path) -> str:
     plateau = metrics.get("unigram_val_loss")
     mean = (variants[baseline].get("val_loss") or {}).get("mean")
     if plateau is not None and mean is not None:
-        val_loss += f"; unigram plateau {fmt(plateau)}, {100 * (plateau - mean) / plateau:.0f}% below"
+        gap = 100 * (plateau - mean) / plateau  # above the plateau: worse than predicting token frequencies
+        val_loss += f"; unigram plateau {fmt(plateau)}, {abs(gap):.0f}% {'below' if gap >= 0 else 'above'}"
     primary = metrics.get("primary_metric") or "val_loss"  # reports before the key: val_loss
     flagged = degenerate(folder)
     ablations = [verdict_cell(name, stats[primary], flagged) for name, stats in variants.items()
