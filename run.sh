@@ -5,7 +5,9 @@
 #                        runs per GPU); `bash run.sh repro -j 1` is a serial `dvc repro`; both serve
 #                        each stage warm (pipeline/grid/warm.py; a plain `dvc repro` does too after
 #                        its first stage, pipeline/grid/auto.py), `--cold` for new processes
-#   bash run.sh test     set up .venv, then run the full CPU test suite
+#   bash run.sh test     set up .venv, then run the full CPU test suite (what CI runs)
+#   bash run.sh test quick   the quick tier (pytest --quick): every stage function and the model, in one
+#                        process, under 2 minutes on 2 cores; no DVC repro, kill, browser or multi-process test
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
 #   bash run.sh study P  set up .venv, then rerun preset P's committed study report from scratch
 #   bash run.sh gpu      on a CUDA machine: GPU tests, 124M benchmark, a preset on the GPU; one JSON
@@ -29,7 +31,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 case "${1:-repro}" in
   setup) ;;
   repro) shift || true; python -m pipeline.grid "$@" ;;
-  test) shift; python -m pytest "$@" ;;
+  test) shift
+    if [ "${1:-}" = quick ]; then shift; set -- --quick "$@"; fi
+    python -m pytest "$@" ;;
   bench) python -m benchmarks.model_speed && python -m benchmarks.train_loop ;;
   study) shift; bash scripts/study.sh "$@" ;;
   *) echo "usage: bash run.sh [repro|test|bench|study|gpu|setup] [args...]" >&2; exit 2 ;;

@@ -60,16 +60,23 @@ def generate(model: Decodable, src: Tensor | None, max_new_tokens: int = 64,
             if strategy == "beam":
                 tokens = beam_search(model, src, max_new_tokens, beam_size, length_penalty, use_cache)
             else:
-                pick = _greedy_pick if strategy == "greedy" else _sampler(temperature, top_k, top_p, generator)
+                pick = next_token_picker(strategy, temperature, top_k, top_p, generator)
                 tokens, _ = decode_loop(model, src, max_new_tokens, pick, use_cache)
     finally:
         model.train(was_training)
     return [_trim(row, model.cfg.eos_id, model.cfg.pad_id) for row in tokens.tolist()]
 
 
-def _budget(model: Decodable, src: Tensor, max_new_tokens: int) -> int:
-    """Tokens we may generate: feeding n tokens after the prompt needs prompt + n <= max_len."""
-    return max(0, min(max_new_tokens, model.cfg.max_len - model.prompt_len(src)))
+def _budget(model: Decodable, src: Tensor, max_new_tokens: int, fed: int = 1) -> int:
+    """Tokens we may generate: feeding `fed` tokens (bos, or a prompt) and then all but the last of n
+    new ones after the source needs prompt_len + fed - 1 + n <= max_len."""
+    return max(0, min(max_new_tokens, model.cfg.max_len - model.prompt_len(src) - (fed - 1)))
+
+
+def next_token_picker(strategy: str = "greedy", temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                      generator: torch.Generator | None = None) -> Callable[[Tensor], Tensor]:
+    """logits (B, V) -> next tokens (B,): argmax (greedy), or a draw (sample) as `generate` says."""
+    return _greedy_pick if strategy == "greedy" else _sampler(temperature, top_k, top_p, generator)
 
 
 def _greedy_pick(logits: Tensor) -> Tensor:
@@ -95,20 +102,32 @@ def _sampler(temperature: float, top_k: int, top_p: float,
     return pick
 
 
-def decode_loop(model: Decodable, src: Tensor, max_new_tokens: int,
-                pick: Callable[[Tensor], Tensor], use_cache: bool = True) -> tuple[Tensor, Tensor]:
+def decode_loop(model: Decodable, src: Tensor, max_new_tokens: int, pick: Callable[[Tensor], Tensor],
+                use_cache: bool = True, prompt: Tensor | None = None,
+                on_step: Callable[[], object] | None = None) -> tuple[Tensor, Tensor]:
     """One token per row per step chosen by `pick(logits)`; rows that finished get pad.
 
-    Returns tokens (B, n) and the logits each step saw (B, n, V); n <= max_new_tokens.
+    `prompt` (B, P): the tokens fed one at a time before the first pick, in place of bos (a language
+    model's context, fed causally as it trained; pipeline.evaluate's continuations). `on_step` is
+    called after each token fed (a progress bar). Returns tokens (B, n) and the logits each step
+    saw (B, n, V); n <= max_new_tokens.
     """
     cfg = model.cfg
     b = src.shape[0]
     state = model.start_decoding(src, use_cache)
-    token = torch.full((b,), cfg.bos_id, dtype=torch.long, device=src.device)
+    if prompt is None:
+        prompt = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=src.device)
+    for t in range(prompt.shape[1] - 1):
+        model.decode_step(state, prompt[:, t])
+        if on_step is not None:
+            on_step()
+    token = prompt[:, -1]
     finished = torch.zeros(b, dtype=torch.bool, device=src.device)
     out, step_logits = [], []
-    for _ in range(_budget(model, src, max_new_tokens)):
+    for _ in range(_budget(model, src, max_new_tokens, prompt.shape[1])):
         logits = model.decode_step(state, token)  # (B, V)
+        if on_step is not None:
+            on_step()
         token = pick(logits).masked_fill(finished, cfg.pad_id)
         out.append(token)
         step_logits.append(logits)

@@ -8,30 +8,21 @@ written: a write that fails for want of space becomes DiskFull, whose message is
 stage exits with (pipeline.params.stage_error): the file, the bytes it needed where known, the
 space free at that moment, and what to do.
 
-And how a stage's process ends (run_main, the last line of every stage module): what it wrote
-flushed and closed, then `os._exit`, without Python's ~1.2 s teardown of the modules it imported.
+How a stage's process ends (run_main) is pipeline/grid/exit.py's.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
-import gc
 import glob
-import io
-import itertools
 import json
 import os
 import shutil
-import signal
-import sys
 import tempfile
-import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -190,75 +181,3 @@ def disk_full(exc: BaseException, path: str | os.PathLike | None = None, needed:
     else:
         return None
     return found.moved(Path(tmp), Path(path)) if tmp is not None and path is not None else found
-
-
-# -- a stage's exit -------------------------------------------------------------------------------
-# Python's exit spends ~1.2 s of a stage's fixed ~2.7 s destroying the thousands of modules torch,
-# MLflow and the rest bring in (benchmarks/stage_overhead.py): work nobody needs, the kernel frees
-# the memory anyway. So a stage does the part of the exit that matters itself and leaves with
-# os._exit: its threads waited for, the atexit callbacks run (logging's flush, MLflow ending its
-# run, multiprocessing's clean-up), garbage collected (closes files nobody references), files still
-# open flushed, stdout and stderr flushed. A stage served warm (pipeline/grid/warm.py) ends through
-# exit_now too: both ways of running a stage end alike. Only the standard library here.
-
-# Exact types, matched in C (itertools.compress): isinstance against the io.IOBase ABC costs ~1 s
-# over a torch process's half a million objects, a Python loop ~0.2 s, this ~0.1 s.
-_WRITERS = frozenset((io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper))
-
-
-def run_main(main: Callable[[], object]) -> NoReturn:
-    """Run a stage's main() as `python -m` would (an uncaught exception printed, sys.exit's code
-    or message, Ctrl-C ending the process by SIGINT), then exit at once."""
-    code: object = 0
-    interrupted = False
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code, interrupted = 1, True
-    except BaseException:  # noqa: BLE001 - reported as Python reports an uncaught exception
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    exit_now(code, interrupted)
-
-
-def exit_now(code: object = 0, interrupted: bool = False) -> NoReturn:
-    """Python's exit with status `code` (an int, None, or a message for stderr), less the
-    modules' teardown. `interrupted`: end by SIGINT, as Python does after a KeyboardInterrupt,
-    so that the shell and DVC see a Ctrl-C."""
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    threading._shutdown()  # what Py_FinalizeEx does first: wait for non-daemon threads
-    atexit._run_exitfuncs()
-    gc.collect()  # unreferenced files are closed (and so flushed) here
-    flush_open_files()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    if interrupted:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code & 0xFF)
-
-
-def flush_open_files() -> int:
-    """Flush every file object still open for writing (one held by a module or a cache would
-    otherwise lose its buffer: teardown is what flushed it). Objects frozen by gc.freeze (the
-    warm server's own) are not visited. Returns how many were flushed."""
-    objects = gc.get_objects()
-    flushed = 0
-    for obj in itertools.compress(objects, map(_WRITERS.__contains__, map(type, objects))):
-        try:
-            if not obj.closed and obj.writable():
-                obj.flush()
-                flushed += 1
-        except (OSError, ValueError, AttributeError):  # a closed pipe, a detached wrapper
-            pass
-    return flushed

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from model.generate import decode_loop, next_token_picker
 from pipeline.atomic import atomic_path
 from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
 from pipeline.progress import Progress
@@ -223,51 +224,25 @@ def scoring(what: str, scored: int, total: int, pieces: int, unit: str) -> str:
 
 
 def pick_next(cfg: EvaluateParams, generator: torch.Generator):
-    """logits (B, V) -> next tokens (B,): argmax, or a draw with temperature / top-k / top-p."""
+    """logits (B, V) -> next tokens (B,): model.generate's greedy pick or its draw with temperature /
+    top-k / top-p, as the evaluate settings say."""
     if cfg.decode == "beam":
         raise ValueError("evaluate.decode: beam is not supported for language-model continuations "
                          "(use greedy or sample)")
-
-    def pick(logits: torch.Tensor) -> torch.Tensor:
-        if cfg.decode == "greedy":
-            return logits.argmax(-1)
-        logits = logits.float() / cfg.temperature
-        if 0 < cfg.top_k < logits.shape[-1]:
-            kth = logits.topk(cfg.top_k, -1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if cfg.top_p < 1.0:
-            sorted_logits, order = logits.sort(-1, descending=True)
-            probs = sorted_logits.softmax(-1)
-            drop = probs.cumsum(-1) - probs >= cfg.top_p  # keep the smallest set reaching top_p
-            logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-        return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
-
-    return pick
+    return next_token_picker(cfg.decode, cfg.temperature, cfg.top_k, cfg.top_p, generator)
 
 
 @torch.no_grad()
 def continue_prompts(model, prompts: torch.Tensor, max_new_tokens: int, pick,
                      eos_id: int) -> list[list[int]]:
     """Feed prompts (B, P) one token at a time (causally, as in training; prefix_lm's bidirectional
-    prefix would be a context it never trained on), then extend each row until eos."""
-    state = model.start_decoding(prompts[:, :0])  # no source: the prompt is the decoder's history
-    finished = torch.zeros(prompts.shape[0], dtype=torch.bool, device=prompts.device)
-    out = []
-    # Steps: one per prompt token fed, then one per new token (at most max_new_tokens).
-    with progress("continuations", prompts.shape[1] + max_new_tokens, "step") as bar:
-        for t in range(prompts.shape[1]):
-            logits = model.decode_step(state, prompts[:, t])
-            bar.update(1)
-        for step in range(max_new_tokens):
-            token = pick(logits).masked_fill(finished, eos_id)
-            out.append(token)
-            finished |= token == eos_id
-            bar.update(1)
-            if finished.all() or step == max_new_tokens - 1:
-                break
-            logits = model.decode_step(state, token)
-    rows = torch.stack(out, 1).tolist() if out else [[] for _ in range(prompts.shape[0])]
-    return [row[:row.index(eos_id)] if eos_id in row else row for row in rows]
+    prefix would be a context it never trained on), then extend each row until eos: model.generate's
+    decoding loop, the prompt in place of bos."""
+    # Steps: one per token fed, the prompt's and then all but the last new one.
+    with progress("continuations", prompts.shape[1] - 1 + max_new_tokens, "step") as bar:
+        tokens, _ = decode_loop(model, prompts[:, :0], max_new_tokens, pick, prompt=prompts,
+                                on_step=lambda: bar.update(1))
+    return [row[:row.index(eos_id)] if eos_id in row else row for row in tokens.tolist()]
 
 
 def lm_samples(model, test: Split, sp, cfg: EvaluateParams, eos_id: int, context: int,
@@ -426,6 +401,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.atomic import run_main
+    from pipeline.grid.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/atomic.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)

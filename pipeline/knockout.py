@@ -246,6 +246,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.atomic import run_main
+    from pipeline.grid.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/atomic.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)

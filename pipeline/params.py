@@ -17,6 +17,12 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+# The `report` section's schema (the reference point, the seed study's claims) and Section, every
+# section's base: in their own module, which imports nothing of this one. Re-exported here.
+from pipeline.params_report import (  # noqa: F401
+    CLAIM_EXPECT, CLAIM_READS, Reference, ReportParams, SeedClaim, Section,
+)
+
 # Every dataset source; each real one keeps its options under `data.<name>` (pipeline/sources).
 SOURCE_NAMES = ("synthetic", "cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "multi30k", "local")
 ABLATABLE = ("model", "train")  # the sections an ablation may override
@@ -57,10 +63,6 @@ _Loader.add_implicit_resolver(
 
 def read_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SyntheticParams(Section):
@@ -201,106 +203,6 @@ class EvaluateParams(Section):
     max_loss_tokens: int | None = Field(None, gt=0)
 
 
-class Reference(Section):
-    """A published or separately measured result the baseline is compared with (e.g. nanoGPT's)."""
-    metric: str  # an eval.json metric, e.g. val_loss
-    value: float  # its mean over the reference's runs
-    source: str  # where the number comes from, shown beside it
-    # Its spread, so the report can test the difference instead of eyeballing it (Welch's t-test):
-    # `ci` (half-width of a 95% t-interval) or `std` (of the runs, ddof 1), with `n` runs.
-    ci: float | None = Field(None, ge=0)
-    std: float | None = Field(None, ge=0)
-    n: int | None = Field(None, ge=1)
-    description: str | None = None  # how it was measured, e.g. "whole validation split, seeds 1337-1339"
-    # Which quantity `value` is, so the report sets it beside the same one of ours: whole_split,
-    # `metric` over the whole split (the evaluate stage's, of the model train kept); best_estimate,
-    # the lowest in-loop estimate of a run (nanoGPT's "best val loss"; ours: train.json's
-    # val_estimate_best, set train.eval_windows and train.keep to match how it was taken).
-    quantity: Literal["whole_split", "best_estimate"] = "whole_split"
-
-    @model_validator(mode="after")
-    def _spread_with_n(self) -> "Reference":
-        if self.ci is not None and self.std is not None:
-            raise ValueError("give ci or std, not both")
-        if (self.ci is not None or self.std is not None) != (self.n is not None):
-            raise ValueError("ci or std needs n (the runs behind the value), and n needs ci or std")
-        if self.ci is not None and self.n < 2:
-            raise ValueError("ci needs n >= 2 (one run has no interval)")
-        if self.quantity == "best_estimate" and self.metric != "val_loss":
-            raise ValueError(f"quantity best_estimate is an in-loop validation loss: metric must be val_loss, "
-                             f"got {self.metric!r}")
-        return self
-
-
-# report.seed_claims: which keys each way of reading our quantity needs, and which it also takes
-# (pipeline/reporting/claims.py reads them; its docstring says what each reading is).
-CLAIM_READS = {"delta": ({"variant", "metric", "expect"}, {"versus", "seed_value", "tolerance"}),
-               "ppl_ratio": ({"variant", "expect"}, {"versus", "metric", "seed_value"}),
-               "time_ratio": ({"variant", "expect"}, {"versus", "seed_value"}),
-               "value": ({"metric", "seed_value", "tolerance"}, {"variant"}),
-               "filter_kept": ({"seed_value", "tolerance"}, {"split"}),
-               "none": (set(), set())}
-CLAIM_EXPECT = {"delta": ("worse", "better", "same"), "ppl_ratio": ("lower", "higher"),
-                "time_ratio": ("lower", "higher")}
-
-
-class SeedClaim(Section):
-    """One claim of the seed study, and how to read our same quantity from the report's own data
-    (never a number of ours typed in): the report's "Seed's claims" section sets them side by side."""
-    claim: str  # the claim in the seed's words, short
-    seed_says: str  # the seed's number or words, quoted exactly
-    quantity: str  # what quantity that is, in words
-    read: Literal["delta", "ppl_ratio", "time_ratio", "value", "filter_kept", "none"]
-    variant: str | None = None  # a key of ablations (value: the baseline when unset)
-    versus: str | None = None  # delta, ratios: the variant it is compared with (the baseline when unset)
-    metric: str | None = None  # a reported metric (value: or train_loss, train.json's last logged)
-    split: str | None = None  # filter_kept: the filter.json split (train when unset)
-    expect: Literal["worse", "better", "same", "lower", "higher"] | None = None  # the seed's direction
-    seed_value: float | None = None  # the seed's number on our quantity's scale
-    # value, filter_kept: how near counts as the same (not needed with comparable false); delta same: the margin
-    tolerance: float | None = Field(None, ge=0)
-    comparable: bool = True  # false: ours is shown, the check says "cannot check here" (why says why)
-    why: str  # the reason beside the check: the arm that differs, the leak, the data, placeholders
-
-    @model_validator(mode="after")
-    def _keys_of_its_read(self) -> "SeedClaim":
-        needs, takes = CLAIM_READS[self.read]
-        if not self.comparable:  # shown, not checked: no margin of "the same" to give
-            needs, takes = needs - {"tolerance"}, takes | {"tolerance"}
-        given = {k for k in self.model_fields_set if getattr(self, k) is not None}
-        expects = ", ".join(CLAIM_EXPECT.get(self.read, ()))
-        if missing := sorted(needs - given):
-            raise ValueError(f"read {self.read} needs {missing[0]}"
-                             + (f" ({expects})" if missing[0] == "expect" else ""))
-        if extra := sorted(given & {"variant", "versus", "metric", "split", "expect", "seed_value", "tolerance"}
-                           - needs - takes):
-            raise ValueError(f"read {self.read} does not take {extra[0]}")
-        if self.expect is not None and self.expect not in CLAIM_EXPECT[self.read]:
-            raise ValueError(f"read {self.read} takes expect {expects}, not {self.expect!r}")
-        if self.read == "delta" and self.tolerance is not None and self.expect != "same":
-            raise ValueError("read delta takes tolerance with expect same only (the margin of 'no difference')")
-        if self.versus is not None and self.versus == self.variant:
-            raise ValueError(f"versus {self.versus!r} is the claim's variant itself")
-        if self.read == "ppl_ratio" and self.metric not in (None, "val_loss", "test_loss"):
-            raise ValueError(f"read ppl_ratio is exp(Δ val_loss or test_loss): metric {self.metric!r} is neither")
-        return self
-
-
-class ReportParams(Section):
-    baseline: str = "baseline"
-    experiment: str = "ablation-lab"  # MLflow experiment that holds every run
-    notes: list[str] = []  # the preset author's text, printed in the report as such (never checked)
-    # The data digest (the report's "Data as run" line) the notes were written for: when this
-    # run's data differs, the report flags the notes as possibly not describing it.
-    notes_data_digest: str | None = None
-    reference: Reference | None = None
-    # The one metric whose paired test vs the baseline is not corrected for multiplicity; None:
-    # val_loss (pipeline.reporting.results.DEFAULT_PRIMARY says why). The others are Holm-corrected.
-    primary_metric: str | None = None
-    # The seed study's claims beside ours (pipeline/reporting/claims.py); empty: no such section.
-    seed_claims: list[SeedClaim] = []
-
-
 class KnockoutParams(Section):
     """Parts knocked out of the trained baseline at evaluation time (stage `knockout`, model.knockout)."""
     # modes, parts and attentions spell out model.knockout's MODES, PARTS and ATTENTIONS: params.py
@@ -349,32 +251,23 @@ class Params(Section):
             raise ValueError(f"seeds: {dup} is listed twice (each seed trains every variant once)")
         return seeds
 
-    @field_validator("ablations")
+    @field_validator("ablations", "scales")
     @classmethod
-    def _names(cls, ablations: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
-        for name, overrides in ablations.items():
+    def _names(cls, entries: dict[str, dict[str, Any] | None], info) -> dict[str, dict[str, Any]]:
+        """A variant's or a scale's name names DVC stages and directories; its overrides may touch
+        only the ABLATABLE sections. A scale is a size other than the baseline's own."""
+        key = info.field_name
+        for name, overrides in entries.items():
             if not VARIANT_NAME.match(str(name)):
-                raise ValueError(f"ablations.{name!r}: a variant name must be letters, digits, '_', '.' "
-                                 "or '-' (it names a DVC stage and a directory)")
+                raise ValueError(f"{key}.{name!r}: {'a variant' if key == 'ablations' else 'a scale'} name must be "
+                                 "letters, digits, '_', '.' or '-' (it names DVC stages and directories)")
             for section in overrides or {}:
                 if section not in ABLATABLE:
-                    raise ValueError(f"ablations.{name}.{section}: unknown section (allowed: {', '.join(ABLATABLE)})")
-        return {name: overrides or {} for name, overrides in ablations.items()}
-
-    @field_validator("scales")
-    @classmethod
-    def _scale_names(cls, scales: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
-        for name, overrides in scales.items():
-            if not VARIANT_NAME.match(str(name)):
-                raise ValueError(f"scales.{name!r}: a scale name must be letters, digits, '_', '.' or '-' "
-                                 "(it names DVC stages and directories)")
-            for section in overrides or {}:
-                if section not in ABLATABLE:
-                    raise ValueError(f"scales.{name}.{section}: unknown section (allowed: {', '.join(ABLATABLE)})")
-            if not overrides or name == "params.yaml":
+                    raise ValueError(f"{key}.{name}.{section}: unknown section (allowed: {', '.join(ABLATABLE)})")
+            if key == "scales" and (not overrides or name == "params.yaml"):
                 raise ValueError(f"scales.{name}: the baseline's own size (the report calls it params.yaml) is "
                                  "the first point of every scale comparison already; give overrides and another name")
-        return scales
+        return {name: overrides or {} for name, overrides in entries.items()}
 
     @model_validator(mode="after")
     def _baseline_exists(self) -> "Params":

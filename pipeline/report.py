@@ -37,12 +37,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
 from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
-from pipeline.params import ReportParams, TrainParams, read_yaml, stage_error
-from pipeline.params import knockout_seeds as selected_knockout_seeds  # the report has its own below
+from pipeline.params import Params, ParamsError, ReportParams, knockout_seeds, load_params, stage_error
 from pipeline.reporting import sweeps
 from pipeline.reporting.claims import check_claims, claims_blocks, claims_summary
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
@@ -68,7 +64,7 @@ from pipeline.tracking import tracking_root
 log = logging.getLogger(__name__)
 
 TITLE = "Ablation report"
-DEFAULT_EXPERIMENT = "ablation-lab"
+DEFAULT_EXPERIMENT = ReportParams.model_fields["experiment"].default  # unless report.experiment names another
 BUDGET_KEYS = ("budget_tokens", "budget_steps", "budget_flops")
 
 
@@ -186,60 +182,32 @@ def run_files(runs_dir: Path, evals_dir: Path, runs, sweep_runs) -> list[RunFile
     return out
 
 
-def _read_params(path: Path) -> dict:
-    # Only the keys this stage needs, checked here; full validation is pipeline.params' job.
+def _read_params(path: Path) -> Params:
+    """params.yaml as every stage reads it (pipeline.params: the one schema, unknown keys refused),
+    and what only this stage can check: that the metrics it is asked about are ones it reports."""
     try:
-        params = read_yaml(Path(path).read_text(encoding="utf-8"))  # `1e-3` a float, as DVC reads it
-    except (OSError, yaml.YAMLError) as e:
-        raise ReportInputError(f"cannot read {path}: {str(e).splitlines()[0]}") from e
-    if not isinstance(params, dict):
-        raise ReportInputError(f"{path}: expected a mapping at the top level")
-    if not isinstance(params.get("ablations"), dict) or not params["ablations"]:
-        raise ReportInputError(f"{path}: key 'ablations' must be a non-empty mapping of variant -> overrides")
-    seeds = params.get("seeds")
-    if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds):
-        raise ReportInputError(f"{path}: key 'seeds' must be a non-empty list of integers")
-    for key in ("report", "train"):
-        if params.get(key) is not None and not isinstance(params[key], dict):
-            raise ReportInputError(f"{path}: key '{key}' must be a mapping")
-    try:  # this stage alone reads `report`, so it validates it (a typo must not pass silently)
-        ReportParams.model_validate(params.get("report") or {})
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise ReportInputError(f"{path}: report.{'.'.join(map(str, err['loc']))}: "
-                               f"{err['msg'].removeprefix('Value error, ')}") from None
-    primary = (params.get("report") or {}).get("primary_metric")
+        params = load_params(path)
+    except ParamsError as e:
+        raise ReportInputError(str(e)) from None
+    primary = params.report.primary_metric
     if primary is not None and primary not in BASE_METRICS + TASK_METRICS:
         raise ReportInputError(f"{path}: report.primary_metric {primary!r} is not a reported metric "
                                f"({', '.join(BASE_METRICS + TASK_METRICS)})")
     if primary in DERIVED:  # its test is its source's: name the source, so the family is right
         raise ReportInputError(f"{path}: report.primary_metric {primary!r} is derived from "
                                f"{DERIVED[primary]!r} (the same test); name {DERIVED[primary]!r}")
-    baseline = (params.get("report") or {}).get("baseline", "baseline")
-    if baseline not in params["ablations"]:
-        raise ReportInputError(f"{path}: report.baseline {baseline!r} is not a key of 'ablations'")
-    check_claims((params.get("report") or {}).get("seed_claims") or [], [str(v) for v in params["ablations"]],
-                 str(path))
-    sweep = params.get("lr_sweep") or []
-    if not isinstance(sweep, list) or not all(type(x) in (int, float) and x > 0 for x in sweep):
-        raise ReportInputError(f"{path}: key 'lr_sweep' must be a list of positive numbers")
-    if not isinstance(params.get("scales") or {}, dict):
-        raise ReportInputError(f"{path}: key 'scales' must be a mapping of name -> overrides")
+    check_claims(claims(params), [str(v) for v in params.ablations], str(path))
     return params
 
 
-def knockout_seeds(params: dict) -> list[int]:
-    """The seeds whose knockout stage knocked parts out: knockout.seeds (`all` when absent) of `seeds`."""
-    selection = (params.get("knockout") or {}).get("seeds", "all")
-    if selection != "all" and not (isinstance(selection, list) and all(type(s) is int for s in selection)):
-        raise ReportInputError("key 'knockout.seeds' must be `all` or a list of integers ([]: off)")
-    return selected_knockout_seeds(selection, params["seeds"])
+def claims(params: Params) -> list[dict]:
+    """report.seed_claims as mappings (what pipeline.reporting.claims reads)."""
+    return [claim.model_dump() for claim in params.report.seed_claims]
 
 
-def main_rates(params: dict) -> dict[str, float]:
+def main_rates(params: Params) -> dict[str, float]:
     """Each variant's own train.lr: the baseline's, unless its ablation overrides it."""
-    shared = (params.get("train") or {}).get("lr", TrainParams.model_fields["lr"].default)
-    return {str(v): float(((o or {}).get("train") or {}).get("lr", shared)) for v, o in params["ablations"].items()}
+    return {str(v): float((o.get("train") or {}).get("lr", params.train.lr)) for v, o in params.ablations.items()}
 
 
 def budget(train: Mapping) -> dict:
@@ -264,35 +232,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         params = _read_params(args.params)
-        report = params.get("report") or {}
-        train = params.get("train") or {}
+        report = params.report
+        knocked = knockout_seeds(params.knockout.seeds, params.seeds)
         runs = render_report(
             args.runs, args.evals, args.filter_metrics,
-            variants=[str(v) for v in params["ablations"]], seeds=params["seeds"],
-            baseline=str(report.get("baseline", "baseline")),
-            budget=budget(train),
+            variants=[str(v) for v in params.ablations], seeds=params.seeds,
+            baseline=report.baseline,
+            budget=budget(params.train.model_dump(exclude_unset=True)),  # as params.yaml states it
             out_dir=args.out_dir,
-            notes=[str(n) for n in report.get("notes") or []], reference=report.get("reference"),
-            primary_metric=report.get("primary_metric"),
-            lr_sweep=params.get("lr_sweep") or [], main_lr=main_rates(params),
-            scales=[str(s) for s in params.get("scales") or {}],
-            raw_dir=args.raw, shards=args.shards, notes_data_digest=report.get("notes_data_digest"),
+            notes=report.notes, reference=report.reference.model_dump() if report.reference else None,
+            primary_metric=report.primary_metric,
+            lr_sweep=params.lr_sweep, main_lr=main_rates(params),
+            scales=[str(s) for s in params.scales],
+            raw_dir=args.raw, shards=args.shards, notes_data_digest=report.notes_data_digest,
             download_metrics=args.download_metrics,
-            knockout_seeds=knockout_seeds(params), ablations=params["ablations"],
-            seed_claims=report.get("seed_claims") or [],
+            knockout_seeds=knocked, ablations=params.ablations,
+            seed_claims=claims(params),
         )
     except (ReportInputError, DiskFull) as e:
         raise stage_error("report", e) from None
     log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
-    data = run_data(params, args.shards, tracking_root() / "dvc.lock") if args.shards else None
+    data = run_data(params.data.model_dump(exclude_unset=True), args.shards, tracking_root() / "dvc.lock") \
+        if args.shards else None
     summary = json.loads((args.out_dir / "details.json").read_text())  # MLflow's view: the same metrics
     columns = tuple(m for m in (summary.get("primary_metric"), summary.get("main_metric")) if m)
-    experiment = str(report.get("experiment") or DEFAULT_EXPERIMENT)
-    mirror_runs(runs, args.out_dir, experiment, data, columns)
-    mirror_knockouts(args.evals, str(report.get("baseline", "baseline")), knockout_seeds(params), experiment, data)
-
+    mirror_runs(runs, args.out_dir, report.experiment, data, columns)
+    mirror_knockouts(args.evals, report.baseline, knocked, report.experiment, data)
 
 if __name__ == "__main__":
-    from pipeline.atomic import run_main
+    from pipeline.grid.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/atomic.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,49 @@ def _cold_stages():
         del os.environ["ABLATION_LAB_WARM"]
     else:
         os.environ["ABLATION_LAB_WARM"] = old
+
+
+# The quick tier (`pytest --quick`, `bash run.sh test quick`): every test but these, in one process.
+QUICK = "not (slow or multiprocess or repro or kill or browser or gpu)"
+# What a test in it may not start (by executable name; os.fork too): our code or a tool of the study
+# in another process. A test that does is marked `multiprocess` (or `repro`, `kill`, `browser`).
+# Other tools the code under test calls now and then (git for a commit id, g++, fc-list) pass.
+NOT_IN_QUICK = re.compile(r"(python[\d.]*|bash|sh|dash|dvc|torchrun|mlflow|chromium.*|google-chrome)")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help=f"the quick tier: only tests that are `{QUICK}`; a test in it that starts a "
+                          "Python, shell, DVC or browser process, or forks, fails, naming the marker it needs")
+
+
+def pytest_configure(config):
+    if not config.getoption("quick"):
+        return
+    asked = config.option.markexpr
+    config.option.markexpr = f"({QUICK}) and ({asked})" if asked else QUICK
+
+    def refuse(what: str):
+        raise RuntimeError(f"the quick tier starts no other process, and this test started {what}: "
+                           "mark it multiprocess (or repro, kill, browser) in its file")
+
+    execute_child = subprocess.Popen._execute_child
+
+    def guarded(self, args, executable, *rest, **kwargs):
+        if isinstance(args, (str, bytes)):  # a command line (shell=True): its first word
+            first = (os.fsdecode(args).split() or [""])[0]
+        else:
+            first = os.fsdecode(args if isinstance(args, os.PathLike) else args[0])
+        program = os.fsdecode(executable) if executable else first
+        if NOT_IN_QUICK.fullmatch(os.path.basename(program)):
+            refuse(f"`{program}`")
+        return execute_child(self, args, executable, *rest, **kwargs)
+
+    def fork():
+        refuse("a fork")
+
+    subprocess.Popen._execute_child = guarded
+    os.fork = fork  # multiprocessing's fork context too; the process ends with the session
 
 
 def pytest_collection_modifyitems(config, items):

@@ -22,6 +22,8 @@ from model.config import ARCHS
 from pipeline.training.batching import ATTENTION_ALIGN, pad_for_compile
 from pipeline.training.trainer import compiled
 
+pytestmark = pytest.mark.slow  # torch.compile: seconds a test, and a C++ compiler run on a cold cache
+
 PAD = 0
 # (rows, source length, target length): sizes of 1, equal sizes (dynamo would share a symbol), odd ones
 SHAPES = [(4, 6, 6), (1, 9, 5), (3, 1, 7), (2, 5, 1), (5, 12, 3), (1, 1, 1), (7, 3, 11), (6, 6, 2), (2, 14, 14),

@@ -71,6 +71,7 @@ def test_this_process_runs_the_pinned_code_path():
     assert described["pinned"] and described["aten_capability"] == "AVX2"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.skipif(not X86, reason="x86-64 only")
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
@@ -83,6 +84,7 @@ def test_pinned_training_is_the_same_bits_with_avx512_available_or_capped_to_avx
     assert trained(tiny_shards, arch, "pinned-capped-2", CAPPED, threads=2)[1] == native[1]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.skipif(not avx512(), reason="needs an AVX-512 CPU to play a machine without it by capping")
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])

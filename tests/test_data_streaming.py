@@ -32,6 +32,7 @@ def raw_frames(n: int = 600) -> dict[str, pd.DataFrame]:
     return {"train": pd.DataFrame({"source": words, "target": [f"t {i} ." for i in range(n)]})}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("task", [None, "language_modeling"])
 def test_filter_is_the_same_in_small_batches_and_worker_processes(task):
     cfg = FilterParams(max_source_tokens=12, subsample=0.6, val_fraction=0.1, test_fraction=0.15, seed=3)
@@ -42,6 +43,7 @@ def test_filter_is_the_same_in_small_batches_and_worker_processes(task):
         assert whole[split].equals(cut[split])
 
 
+@pytest.mark.multiprocess
 def test_shuffled_carve_keeps_the_permuted_order_when_train_spills_to_buckets(monkeypatch, tmp_path):
     cfg = FilterParams(max_source_tokens=12, val_fraction=0.1, test_fraction=0.1, seed=5)
     frames = raw_frames()

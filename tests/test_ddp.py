@@ -20,7 +20,7 @@ from pipeline.train import run
 from test_trainer import TINY_MODEL, resolved, tiny_train
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]  # two ranks: two processes
 
 
 @pytest.fixture(autouse=True)

@@ -134,6 +134,7 @@ def test_a_fresh_clone_after_bash_run_sh_compares_in_at_most_150_columns():
     assert predicted_columns(params, dvc_yaml, default_metrics(params), committed) <= MAX_COLUMNS
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_dvc_exp_show_has_the_predicted_columns(tiny_repo, tmp_path):
     project = tmp_path / "p"
@@ -150,6 +151,7 @@ def test_dvc_exp_show_has_the_predicted_columns(tiny_repo, tmp_path):
     assert float(rows[2][1]) == pytest.approx(metrics["no_positional"]["delta"], rel=1e-3)  # the workspace row
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_dvc_exp_show_adds_the_committed_reports_stale_keys(tiny_repo, tmp_path):
     # What a fresh clone met: HEAD's metrics.json in an older layout beside the workspace's new one.

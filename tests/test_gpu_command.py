@@ -27,6 +27,7 @@ from tests.conftest import ROOT
 TINY = dict(vocab_size=97, d_model=32, n_heads=4, n_layers=2, d_ff=128, context=16)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU driver")
 def test_without_cuda_the_command_says_so_in_one_line_and_exits_0(tmp_path):
     out = tmp_path / "gpu.json"
@@ -36,6 +37,7 @@ def test_without_cuda_the_command_says_so_in_one_line_and_exits_0(tmp_path):
     assert not out.exists() and not (ROOT / ".gpu-env").exists()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")
 def test_the_benchmark_without_cuda_prints_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "gpu.json"
@@ -168,6 +170,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.multiprocess
+@pytest.mark.kill
 def test_a_part_past_its_limit_is_killed_with_its_tree_and_the_json_says_where(tmp_path):
     """Three fake parts: one that reports figures, one that hangs past its limit (with a grandchild
     in a session of its own), and one that reads the JSON while it runs."""
@@ -182,9 +186,9 @@ def test_a_part_past_its_limit_is_killed_with_its_tree_and_the_json_says_where(t
              Part("peek", [sys.executable, "-c", peek])]
     start = time.monotonic()
     result = run_parts(parts, {"quick": 30, "hang": 3, "peek": 30}, 120, out, {"figures": {"setup_s": 12.0}})
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 120  # the hang alone sleeps 300 s; wide for a loaded machine
     hung = result["parts"]["hang"]
-    assert hung["cut"] is True and hung["limit_s"] == 3 and 3 <= hung["wall_s"] < 15
+    assert hung["cut"] is True and hung["limit_s"] == 3 and 3 <= hung["wall_s"] < 60
     assert hung["log_tail"] == ["warming up"] and hung["stages_started"] == 1 and hung["cut_at_s"] >= 3
     pid = int(pid_file.read_text())
     for _ in range(50):
@@ -202,6 +206,7 @@ def test_a_part_past_its_limit_is_killed_with_its_tree_and_the_json_says_where(t
     assert during["figures"]["mfu_compiled"] == 0.5
 
 
+@pytest.mark.multiprocess
 def test_parts_after_the_deadline_are_skipped_and_said_so(tmp_path):
     out = tmp_path / "gpu.json"
     parts = [Part("a", [sys.executable, "-c", "import time; time.sleep(60)"]), Part("b", [sys.executable, "-c", "pass"])]
@@ -219,6 +224,7 @@ def test_stage_times_sum_each_stage_to_the_next_and_group_families():
     assert times["total_s"] == 10.0 and times["before_first_stage_s"] == 1.0
 
 
+@pytest.mark.multiprocess
 def test_stage_times_passes_the_commands_exit_code_through():
     rc, times = run_timed([sys.executable, "-c", "print(\"Running stage 'a':\"); raise SystemExit(3)"])
     assert rc == 3 and list(times["stages"]) == ["a"]
@@ -252,6 +258,7 @@ def _marker_wheel(folder: Path) -> Path:
     return whl
 
 
+@pytest.mark.multiprocess
 def test_setup_reaches_the_packages_of_an_image_whose_python3_is_a_venvs(tmp_path):
     """The lent GPU image's python3 is a venv's interpreter with torch in that venv. Here: a venv
     (`image`) with a marker package standing in for torch; the set-up must leave a `python` that

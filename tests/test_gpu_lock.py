@@ -30,24 +30,35 @@ def fake_gpus(tmp_path, monkeypatch):
     gpu_lock.release()
 
 
-def _hold(barrier, results, hold_s: float) -> None:
+def _hold(barrier, results, waiting, others: int) -> None:
+    """Claim a GPU; a process that took one at once holds it until `others` processes have said
+    they wait (events, not a hold long enough for a loaded machine to start them all in)."""
     barrier.wait()
     lines = []
-    claim = claim_gpu(poll_s=0.02, log=lines.append)
+
+    def log(line: str) -> None:
+        if not lines and "are taken" in line:  # this process's first pass found every GPU taken
+            with waiting.get_lock():
+                waiting.value += 1
+        lines.append(line)
+
+    claim = claim_gpu(poll_s=0.02, log=log)
     acquired = time.time()
-    time.sleep(hold_s)
+    deadline = time.monotonic() + 60
+    while waiting.value < others and time.monotonic() < deadline:
+        time.sleep(0.02)
     results.put({"id": claim.id, "index": claim.index, "acquired": acquired, "released": time.time(),
                  "waited_s": claim.waited_s, "log": lines})
     # exits holding the lock: the kernel releases it, after the `released` stamp
 
 
+@pytest.mark.multiprocess
 def test_eight_processes_on_four_gpus_never_share_one_and_the_extra_four_wait(fake_gpus):
-    hold_s = 1.0
-    barrier, results = FORK.Barrier(8), FORK.Queue()
-    procs = [FORK.Process(target=_hold, args=(barrier, results, hold_s)) for _ in range(8)]
+    barrier, results, waiting = FORK.Barrier(8), FORK.Queue(), FORK.Value("i", 0)
+    procs = [FORK.Process(target=_hold, args=(barrier, results, waiting, 4)) for _ in range(8)]
     for p in procs:
         p.start()
-    got = [results.get(timeout=30) for _ in procs]
+    got = [results.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(timeout=10)
         assert p.exitcode == 0
@@ -59,10 +70,10 @@ def test_eight_processes_on_four_gpus_never_share_one_and_the_extra_four_wait(fa
     for spans in by_gpu.values():
         (a0, r0), (a1, r1) = sorted(spans)
         assert r0 <= a1, "two processes held one GPU at the same time"
-    waited = [r for r in got if r["waited_s"] >= hold_s / 2]
-    assert len(waited) == 4  # the four that found every GPU taken
+    waited = [r for r in got if r["log"][0].startswith("gpu: all 4 visible GPUs are taken")]
+    assert waiting.value == len(waited) == 4  # the four that found every GPU taken
     for r in waited:
-        assert "all 4 visible GPUs are taken" in r["log"][0] and "waiting" in r["log"][0]
+        assert "waiting" in r["log"][0] and r["waited_s"] > 0
         assert "waited" in r["log"][-1]
     assert {p.name for p in fake_gpus.iterdir()} == {f"gpu-{i}.lock" for i in range(4)}
 
@@ -81,6 +92,8 @@ def _claim_and_report(results, forget_parents_claim: bool = False) -> None:
     results.put({"id": claim.id, "acquired": time.time(), "log": lines})
 
 
+@pytest.mark.multiprocess
+@pytest.mark.kill
 def test_a_sigkilled_holder_frees_its_gpu(monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
     ready, results = FORK.Event(), FORK.Queue()
@@ -109,6 +122,7 @@ def test_torchrun_ranks_take_local_rank_and_no_lock(fake_gpus, monkeypatch, pret
     assert not fake_gpus.exists()  # no lock folder, no lock file
 
 
+@pytest.mark.multiprocess
 def test_resolve_device_takes_the_first_free_gpu(fake_gpus, pretend_cuda):
     ready = FORK.Event()
     holder = FORK.Process(target=_claim_and_sleep, args=(ready,))
@@ -124,6 +138,7 @@ def test_resolve_device_takes_the_first_free_gpu(fake_gpus, pretend_cuda):
         holder.join(timeout=10)
 
 
+@pytest.mark.multiprocess
 def test_cuda_visible_devices_are_the_candidates(fake_gpus, monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "8")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
@@ -181,6 +196,7 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
     return most
 
 
+@pytest.mark.multiprocess
 def test_k_slots_per_gpu_admit_at_most_k_runs_on_each_and_spread_first(fake_gpus, monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "2")
     n, k, hold_s = 9, 3, 1.0
@@ -215,6 +231,8 @@ def _claim_slots_and_report(results, slots: int) -> None:
     results.put({"slot": claim.slot, "acquired": time.time()})
 
 
+@pytest.mark.multiprocess
+@pytest.mark.kill
 def test_a_sigkilled_holder_frees_its_slot(monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
     holders = []
@@ -237,6 +255,7 @@ def test_a_sigkilled_holder_frees_its_slot(monkeypatch):
         p.join(timeout=10)
 
 
+@pytest.mark.multiprocess
 def test_one_slot_and_k_slots_exclude_each_other_on_slot_zero(monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
     ready = FORK.Event()

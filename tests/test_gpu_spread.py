@@ -163,6 +163,7 @@ def test_the_gpu_command_runs_the_generated_study_through_study_sh(tmp_path):
     assert figures["spread"]["note"] and "spread_launch_to_report_s" not in figures
 
 
+@pytest.mark.multiprocess
 def test_study_sh_names_a_missing_generated_preset():
     proc = subprocess.run(["bash", "scripts/study.sh", "x"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "STUDY_PRESET_FILE": "/nonexistent/x.yaml"})

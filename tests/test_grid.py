@@ -96,6 +96,7 @@ def test_tasks_chain_a_runs_evaluation_and_wait_for_what_they_read():
     assert [(t.stages, t.needs) for t in tasks] == [(["evaluate@n-0", "report"], set())]
 
 
+@pytest.mark.repro
 def test_side_by_side_leaves_dvc_lock_as_a_serial_repro_does(tmp_path):
     serial, parallel = tmp_path / "serial", tmp_path / "parallel"
     env = synthetic_project(serial)
@@ -112,36 +113,67 @@ def test_side_by_side_leaves_dvc_lock_as_a_serial_repro_does(tmp_path):
     assert (parallel / ".dvc/tmp/grid/train@i0.log").read_text().count("Running stage") == 2  # train, evaluate
 
 
-def _hold_rwlock_guard(project: Path, start_s: float, hold_s: float, held: threading.Event) -> None:
-    """Hold the lock guarding DVC's rwlock file longer than DVC tries for it (3 s)."""
+def _hold_rwlock_guard(project: Path, out: Path, held: threading.Event, ended: threading.Event) -> None:
+    """Take the lock guarding DVC's rwlock file once the launcher has started its first stages, and
+    hold it until the launcher says it retries one that lost it (DVC tries for 3 s): the test waits
+    on the launcher's own lines, not on a time window a loaded machine can miss."""
     import zc.lockfile
 
-    time.sleep(start_s)
-    lock = zc.lockfile.LockFile(str(project / ".dvc/tmp/rwlock.lock"))
+    def said(line: str) -> bool:
+        return out.exists() and line in out.read_text(errors="replace")
+
+    if not wait_for(lambda: said("grid: start") or ended.is_set(), 300) or ended.is_set():
+        return
+    def take() -> zc.lockfile.LockFile | None:
+        try:
+            return zc.lockfile.LockFile(str(project / ".dvc/tmp/rwlock.lock"))
+        except zc.lockfile.LockError:  # a DVC process holds it this instant
+            return None
+
+    while (lock := take()) is None:
+        if ended.is_set():
+            return
+        time.sleep(0.01)
     held.set()
-    time.sleep(hold_s)
-    lock.close()
+    try:
+        wait_for(lambda: said("grid: retry") or ended.is_set(), 300)
+    finally:
+        lock.close()
 
 
+def wait_for(what, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.repro
 def test_a_process_that_loses_dvcs_lock_is_started_again(tmp_path):
     project, reference = tmp_path / "project", tmp_path / "reference"
     env = synthetic_project(project)
     synthetic_project(reference)
     sh(["dvc", "repro", "prepare"], project, env)  # the shared stage: straight to the grid stages
-    held = threading.Event()
-    holder = threading.Thread(target=_hold_rwlock_guard, args=(project, 2.0, 5.0, held))
+    held, ended, log = threading.Event(), threading.Event(), tmp_path / "grid.out"
+    holder = threading.Thread(target=_hold_rwlock_guard, args=(project, log, held, ended))
     holder.start()
-    result = grid(project, env, "-j", "4")
+    with log.open("w") as sink:
+        proc = subprocess.run([sys.executable, "-m", "pipeline.grid", "-j", "4"], cwd=project, env=env,
+                              stdout=sink, stderr=subprocess.STDOUT, timeout=600)
+    ended.set()
     holder.join()
-    out = result.stdout + result.stderr
-    assert held.is_set()
-    assert result.returncode == 0, out
+    out = log.read_text(errors="replace")
+    assert held.is_set(), out
+    assert proc.returncode == 0, out
     assert "grid: retry" in out and "DVC's lock was taken" in out, out
     sh(["dvc", "repro"], reference, env)
     assert lock_shape(project) == lock_shape(reference)
     assert_clean(project, env)
 
 
+@pytest.mark.repro
 def test_a_failing_stage_fails_the_command_with_its_own_message_and_the_others_finish(tmp_path):
     project = tmp_path / "project"
     env = synthetic_project(project, BROKEN)
@@ -155,6 +187,7 @@ def test_a_failing_stage_fails_the_command_with_its_own_message_and_the_others_f
     assert set(json.loads(sh(["dvc", "status", "--json"], project, env).stdout)) == {"evaluate@i3", "report"}
 
 
+@pytest.mark.multiprocess
 def test_bad_jobs_is_a_one_line_error(tmp_path):
     project = tmp_path / "project"
     env = synthetic_project(project)
@@ -162,6 +195,7 @@ def test_bad_jobs_is_a_one_line_error(tmp_path):
     assert result.returncode != 0 and result.stderr.strip() == "grid: -j must be a number of stages (at least 1) or auto, got '0'"
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_the_study_side_by_side_ends_as_a_serial_dvc_repro(tmp_path):
     """The same dvc.lock and the same outputs, bit for bit (wall times aside), though the serial
@@ -196,6 +230,7 @@ def test_the_study_side_by_side_ends_as_a_serial_dvc_repro(tmp_path):
     assert names >= {"baseline-0", "baseline-1", "no_positional-0", "no_positional-1", "report"}, names
 
 
+@pytest.mark.multiprocess
 def test_a_stage_that_follows_a_finished_one_starts_before_a_new_run(tmp_path):
     """One slot: after train@baseline-0, its knock-out goes before the next run's train (dvc.yaml
     lists every train first), so knock-outs overlap the grid instead of lengthening its tail."""

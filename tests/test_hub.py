@@ -53,7 +53,8 @@ def stage_fails(tmp_path: Path, **options) -> str:
         stage(tmp_path, **options)
     message = info.value.code
     assert isinstance(message, str) and message.startswith("download: ") and "\n" not in message, message
-    assert time.monotonic() - start < 5 and not Path("raw").exists()
+    assert not Path("raw").exists()
+    assert time.monotonic() - start < 10  # not the client's ~20 s of retries with backoff; wide for a loaded machine
     return message
 
 

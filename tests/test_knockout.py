@@ -193,6 +193,7 @@ def test_knockout_section_renders_heatmap_tables_and_sentences(tmp_path):
     assert knockout_blocks({}, runs, [0, 1, 2], "baseline", ABLATIONS, tmp_path) == []
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_knockout_stage_through_dvc_follows_the_seeds(tiny_repo, tmp_path):
     # tiny_repo ran knockout@0 with knock-outs off (its knockout.seeds is []): the marker alone.

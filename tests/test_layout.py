@@ -102,9 +102,9 @@ def test_pipeline_top_level_is_the_stages_and_the_shared_plumbing():
     modules = {p.stem for p in (ROOT / "pipeline").glob("*.py")} - {"__init__"}
     run = {cmd_module(stage["cmd"]) for stage in stages.values()}
     # Besides the stages: the user's tools (preset, plan, reproduced) and the plumbing every stage shares.
-    assert run <= modules and modules - run == {"preset", "plan", "reproduced", "params", "atomic", "tracking",
-                                                "progress", "cpu_numerics"}
-    assert len(modules) <= 17
+    assert run <= modules and modules - run == {"preset", "plan", "reproduced", "params", "params_report", "atomic",
+                                                "tracking", "progress", "cpu_numerics"}
+    assert len(modules) <= 18
 
 
 def cmd_module(cmd: str) -> str:
@@ -138,10 +138,11 @@ def loaded_files(imports: Path) -> dict[str, set[str]]:
     return loaded
 
 
-# Where a stage runs, not what it computes: every `python -m pipeline.<stage>` passes through them
-# to be served warm or run cold (pipeline/grid/auto.py), and either way the outputs are the same
-# (tests/test_warm_auto.py), so an edit to them must not rerun the study.
-WHERE_NOT_WHAT = {"pipeline/__init__.py", "pipeline/grid/auto.py", "pipeline/grid/shim.py"}
+# Where a stage runs and how its process ends, not what it computes: every `python -m
+# pipeline.<stage>` passes through them to be served warm or run cold (pipeline/grid/auto.py) and
+# ends through grid/exit.py, and either way the outputs are the same (tests/test_warm_auto.py), so
+# an edit to them must not rerun the study.
+WHERE_NOT_WHAT = {"pipeline/__init__.py", "pipeline/grid/auto.py", "pipeline/grid/shim.py", "pipeline/grid/exit.py"}
 # Loaded by every stage (pipeline/__init__.py pins torch's CPU code path with it): it decides the
 # bits of every stage that runs a model (they load model/transformer.py), and nothing elsewhere.
 PINNING = "pipeline/cpu_numerics.py"
@@ -165,6 +166,7 @@ def check_stage_deps(name: str, stage: dict, loaded: set[str], project: Path) ->
             assert dep in files, f"{name}: depends on {dep} and does not load it"
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_each_stage_depends_on_exactly_the_code_it_runs(tiny_repo):
     # tiny_repo ran every stage with an import hook: what each stage's process loaded is what it
@@ -177,6 +179,7 @@ def test_each_stage_depends_on_exactly_the_code_it_runs(tiny_repo):
             check_stage_deps(name, stage, loaded[cmd_module(stage["cmd"])], tiny_repo)
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_a_reporting_edit_reruns_the_report_and_a_training_edit_no_data_stage(tiny_repo, tmp_path):
     project = tmp_path / "project"

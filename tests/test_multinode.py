@@ -39,6 +39,7 @@ def grid_repo(tmp_path_factory):
     return root / "project", env
 
 
+@pytest.mark.multiprocess
 def test_grid_stages_pairs_each_train_stage_with_its_evaluation_in_dvc_order(grid_repo, monkeypatch, capsys):
     from scripts import grid_stages
 
@@ -78,6 +79,7 @@ def fake_sbatch(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], Pa
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "SBATCH_LOG": str(log)}, log
 
 
+@pytest.mark.multiprocess
 def test_slurm_grid_submits_data_then_one_array_task_per_train_stage_then_the_report(grid_repo, tmp_path):
     project, env = grid_repo
     env, log = fake_sbatch(tmp_path, env)
@@ -96,6 +98,7 @@ def test_slurm_grid_submits_data_then_one_array_task_per_train_stage_then_the_re
     assert out.strip().endswith(f"data job 101, 8 train tasks in array 102, report job 103; logs in {logs}")
 
 
+@pytest.mark.multiprocess
 def test_slurm_grid_refuses_uncommitted_params(grid_repo, tmp_path):
     project, env = grid_repo
     env, log = fake_sbatch(tmp_path, env)
@@ -109,6 +112,7 @@ def test_slurm_grid_refuses_uncommitted_params(grid_repo, tmp_path):
                                  "uncommitted changes")
 
 
+@pytest.mark.multiprocess
 def test_slurm_grid_report_refuses_a_checkout_that_moved_since_submission(grid_repo):
     project, env = grid_repo
     other = "0" * 40
@@ -161,6 +165,7 @@ def rest(url: str, path: str, body: dict | None = None) -> dict:
         return json.loads(r.read())
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_two_machines_train_halves_of_the_grid_and_a_third_writes_the_report_training_nothing(
         tmp_path, mlflow_server):
@@ -219,6 +224,7 @@ def test_two_machines_train_halves_of_the_grid_and_a_third_writes_the_report_tra
     assert "report.md" in {f["path"] for f in files}  # uploaded through the server
 
 
+@pytest.mark.slow
 def test_a_run_tracked_live_into_another_store_is_mirrored_from_its_files(tmp_path, monkeypatch, caplog):
     """A machine trained live into its own mlflow.db (before MLFLOW_TRACKING_URI named the server):
     the report elsewhere finds no such run in its store and mirrors the run's files, not nothing."""

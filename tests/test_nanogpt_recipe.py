@@ -5,6 +5,7 @@ estimate and kept model work as nanoGPT's train.py does (random windows, best ke
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -138,18 +139,38 @@ def test_gpt2_init_counts_cross_attention_as_a_residual_sublayer():
     assert model.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
 
 
-def test_xavier_init_unchanged_by_the_new_fields():
-    """Defaults (init xavier, ffn_dropout None) build exactly the model they built before: the
-    same weights from the same seed, and FFN hidden dropout = dropout."""
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64)
-    torch.manual_seed(0)
-    a = build_model(cfg)
-    torch.manual_seed(0)
-    b = build_model(ModelConfig(**{**cfg.__dict__, "init": "xavier", "ffn_dropout": None}))
-    for (name, p), q in zip(a.named_parameters(), b.parameters()):
-        assert torch.equal(p, q), name
-    assert a.decoder.layers[0].ffn.dropout.p == cfg.dropout
+# SHA-256 (first 16 hex digits) of the float32 bytes of every parameter, in named_parameters()
+# order, of build_model(SMALL_INIT, arch=...) after torch.manual_seed(0), as model/ built it at
+# 431bfae (34863b8^: before the init and ffn_dropout fields existed). Recorded once by running that
+# commit's model/ on this machine; CPU random draws do not depend on the CPU or thread count.
+SMALL_INIT = dict(vocab_size=64, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64)
+INIT_BEFORE_THE_FIELDS = {"encoder_decoder": ("8a8b3e04bed2f61b", 33, 23424),
+                          "decoder_only": ("3a566ffe8f7a41d6", 13, 10592)}
+
+
+def init_fingerprint(model: torch.nn.Module) -> tuple[str, int, int]:
+    digest = hashlib.sha256()
+    for _, p in model.named_parameters():
+        digest.update(p.detach().float().contiguous().numpy().tobytes())
+    params = list(model.parameters())
+    return digest.hexdigest()[:16], len(params), sum(p.numel() for p in params)
+
+
+@pytest.mark.parametrize("arch", sorted(INIT_BEFORE_THE_FIELDS))
+def test_xavier_init_unchanged_by_the_new_fields(arch):
+    """Defaults (init xavier, ffn_dropout None) build exactly the model the code built before those
+    fields existed: the same weights from the same seed (against hashes recorded from that code),
+    and FFN hidden dropout = dropout."""
+    cfg = ModelConfig(**SMALL_INIT, arch=arch)
+    for fields in ({}, {"init": "xavier", "ffn_dropout": None}):  # the defaults, and spelt out
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(**{**cfg.__dict__, **fields}))
+        assert init_fingerprint(model) == INIT_BEFORE_THE_FIELDS[arch], fields
+    assert model.decoder.layers[0].ffn.dropout.p == cfg.dropout
     assert build_model(ModelConfig(**{**cfg.__dict__, "ffn_dropout": 0.0})).decoder.layers[0].ffn.dropout is None
+    torch.manual_seed(0)  # the check can fail: another init gives other weights from the same seed
+    assert init_fingerprint(build_model(ModelConfig(**{**cfg.__dict__, "init": "gpt2"})))[0] != \
+        INIT_BEFORE_THE_FIELDS[arch][0]
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -433,6 +454,7 @@ def test_the_cpu_proxy_names_a_missing_text(tmp_path):
         nanogpt_proxy.main(["--text", str(tmp_path / "nope.txt")])
 
 
+@pytest.mark.slow
 def test_the_new_model_fields_leave_the_plan_and_the_flop_count_alone(tmp_path, capsys):
     """init and ffn_dropout change no shape: the planner's parameters and FLOPs and the train
     stage's FLOPs per token are the same with and without them, and init changes nothing else.

@@ -84,6 +84,7 @@ def test_the_cpu_optimizer_is_ours_and_gpu_or_bf16_keep_torchs_fused_kernel():
     assert isinstance(make_scheduler(fused, "cosine", 3, 20, 0.1), torch.optim.lr_scheduler.LambdaLR)
 
 
+@pytest.mark.multiprocess
 def test_an_eager_cpu_training_step_does_not_import_the_compiler():
     """What the class is for: torch._dynamo's ~1.5 s import stays out of an eager CPU train stage."""
     code = ("import sys, torch\nfrom torch import nn\n"

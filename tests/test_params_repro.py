@@ -61,6 +61,7 @@ CASES = [  # params, then the line the failing stage prints
 ]
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 @pytest.mark.parametrize("params,line", CASES, ids=[c[1].split(": ", 2)[-1][:40] for c in CASES])
 def test_a_bad_key_stops_dvc_repro_with_one_line_naming_it(project, params, line):
@@ -129,6 +130,7 @@ def test_check_params_writes_the_same_stamp_for_any_valid_params(tmp_path, monke
     assert len(set(stamps)) == 1  # so no stage after it reruns because of it
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_a_vocabulary_the_corpus_cannot_fill_is_named_in_params_terms(project):
     project, env = project
@@ -145,6 +147,7 @@ def test_a_vocabulary_the_corpus_cannot_fill_is_named_in_params_terms(project):
     assert outputs(project) == before
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_a_failing_report_stage_keeps_the_last_good_output_and_a_failing_filter_is_restored(project):
     project, env = project

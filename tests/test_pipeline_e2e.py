@@ -14,6 +14,7 @@ import yaml
 from tests.tiny_project import ROOT, TINY, copy_project, ran_stages, sh, tiny_params, write_params
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_dvc_repro_end_to_end_and_rerun_rules(tiny_repo, tmp_path):
     # tiny_repo is the whole pipeline run from nothing by `dvc repro` (one seed, two variants).
@@ -70,6 +71,7 @@ def test_dvc_repro_end_to_end_and_rerun_rules(tiny_repo, tmp_path):
     assert "up to date" in sh(["dvc", "status"], project, env).stdout
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_run_sh_study_reruns_a_preset_in_scratch_and_commits_its_report(tmp_path):
     # `bash run.sh study NAME` (scripts/study.sh) on a copy of the project: the report lands in

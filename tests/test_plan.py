@@ -155,6 +155,7 @@ def test_bad_device_is_one_line(tmp_path, capsys):
     assert str(exc.value).startswith("plan: ") and "missing.yaml" in str(exc.value) and "\n" not in str(exc.value)
 
 
+@pytest.mark.slow
 def test_a_run_too_big_for_the_device_says_so(tmp_path, capsys):
     big = tiny_params(
         data={"source": "local", "local": {"task": "language_modeling", "paths": {"train": "x.txt"}}},
@@ -207,6 +208,7 @@ def assert_within(pairs: dict[str, tuple[float, float]]) -> None:
     assert all(abs(e) <= VARIANT_TOLERANCE for e in off.values()), {v: f"{e:+.0%}" for v, e in off.items()}
 
 
+@pytest.mark.slow
 def test_default_study_wall_within_tolerance(tmp_path):
     """The default study's data are generated (no download), so the plan runs on its real data:
     the train stage's own batch plan gives steps, tokens and the mean batch."""
@@ -223,6 +225,7 @@ def test_default_study_wall_within_tolerance(tmp_path):
     assert_within(predicted_vs_measured(ROOT / "reports" / "report.md", params, manifest, tmp_path / "shards"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study", ["tinystories_cpu", "tiny_shakespeare_cpu"])
 def test_language_model_preset_wall_within_tolerance(study):
     """A language model needs no data to plan: the preset alone gives steps, FLOPs and batch."""
@@ -237,6 +240,7 @@ def test_language_model_preset_wall_within_tolerance(study):
     assert_within(predicted_vs_measured(report, params, None))
 
 
+@pytest.mark.slow
 def test_translation_preset_wall_within_tolerance():
     """multi30k_comparisons_cpu's data (Multi30k) are not in the tests: its steps, FLOPs and mean
     batch are the ones its report recorded, so this checks the time model alone on them."""

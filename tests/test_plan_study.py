@@ -57,6 +57,7 @@ def planned_loops(folder: Path, cal: calibration.Calibration, peak: float) -> di
 # -5%, multi30k_cpu +21%, nanogpt_shakespeare_char -9%, tiny_shakespeare (S1 at its own size) -24%,
 # tiny_shakespeare_cpu -18%, tinystories_cpu +12%. (With multi30k_comparisons_cpu from an earlier,
 # slower day, multi30k_cpu was +31%: the machine's speed moves between days, and the fit cannot tell.)
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", STUDIES, ids=[f.name for f in STUDIES])
 def test_study_wall_within_tolerance(folder):
     cal, peak = fitted_without(folder / "report.md")
@@ -114,6 +115,7 @@ def test_a_stage_never_starts_before_what_it_depends_on():
         study.schedule(stages, 0)
 
 
+@pytest.mark.multiprocess
 def test_the_plans_stages_are_dvcs(tmp_path):
     """The stages the plan times are the ones dvc.yaml lays out for the same params (lr sweep,
     scales and knock-outs on), by name."""
@@ -128,6 +130,7 @@ def test_the_plans_stages_are_dvcs(tmp_path):
     assert {s.name for s in study.study_stages(loaded, loops, costs)} == listed
 
 
+@pytest.mark.slow
 def test_plan_prints_the_study_wall(tmp_path, capsys):
     path = write(tmp_path / "params.yaml", tiny_params(knockout={"seeds": [0]}))
     plan.main(["--params", str(path), "--shards", str(tmp_path / "none"), "--jobs", "2", "--cpu-peak", "studies"])

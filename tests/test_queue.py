@@ -26,6 +26,7 @@ def repo(tiny_repo, tmp_path_factory):
     return root, project, env
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_a_fresh_clone_after_dvc_pull_reruns_only_the_edited_ablation(repo):
     root, project, env = repo
@@ -40,6 +41,7 @@ def test_a_fresh_clone_after_dvc_pull_reruns_only_the_edited_ablation(repo):
     assert ran == {"check_params", "train@no_positional-0", "evaluate@no_positional-0", "report"}
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_queued_experiments_retrain_only_their_change_and_land_in_the_repository_mlflow_store(repo):
     _, project, env = repo

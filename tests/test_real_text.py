@@ -166,6 +166,7 @@ def test_local_paths_must_live_where_dvc_tracks_them(tmp_path, monkeypatch):
                           Path("data/local"))
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_editing_a_local_file_makes_dvc_rerun_download(tmp_path):
     project = tmp_path / "p"

@@ -160,17 +160,18 @@ def test_bad_json_names_the_file_and_keeps_the_previous_report(tmp_path):
     assert [c.name for c in tmp_path.iterdir() if c.name.startswith(".reports")] == []
 
 
+@pytest.mark.multiprocess
 def test_cli_exits_1_with_one_line_on_bad_input(tmp_path):
     p = make_project(tmp_path, seeds=(0,), missing_runs=())
     params = tmp_path / "params.yaml"
-    params.write_text("seeds: [0]\nreport: {baseline: baseline}\n", encoding="utf-8")
+    params.write_text("seeds: [0]\nablations: [baseline]\nreport: {baseline: baseline}\n", encoding="utf-8")
     args = ["--runs", str(p.runs), "--evals", str(p.evals), "--filter-metrics", str(p.filter_metrics),
             "--params", str(params), "--out-dir", str(tmp_path / "reports")]
     with pytest.raises(SystemExit) as exc:
         main(args)
-    assert str(exc.value.code).startswith("report: ") and "'ablations'" in str(exc.value.code)
+    assert str(exc.value.code).startswith(f"report: {params}: ablations: ") and "\n" not in str(exc.value.code)
     params.write_text("seeds: [0]\nablations: {baseline: {}}\nreport: {baseline: base}\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match="report.baseline 'base'"):
+    with pytest.raises(SystemExit, match="report.baseline: 'base' is not a variant in ablations"):
         main(args)
     params.write_text("seeds: [0]\nablations: {baseline: {}, no_ffn: {}}\n", encoding="utf-8")
     (p.runs / "baseline-0" / "train_curve.csv").write_text("step,tokens\n1,2\n", encoding="utf-8")
@@ -326,6 +327,7 @@ def test_validation_curve_and_table_val_loss_say_what_they_measure(rendered):
     assert "fixed subset of the validation split (its first train.eval_examples examples" in md  # the curve
 
 
+@pytest.mark.slow
 def test_a_build_folder_left_by_a_killed_report_is_removed_by_the_next(tmp_path):
     p = make_project(tmp_path)
     out = tmp_path / "reports"
@@ -410,6 +412,7 @@ def test_runs_beside_the_grid_launchers_siblings_are_said_so(tmp_path):
     assert "count the study's own sibling stages as other processes" in md
 
 
+@pytest.mark.slow
 def test_preset_notes_are_quoted_beside_the_generated_data_facts_and_flagged_on_other_data(tmp_path):
     from pipeline.reporting.notes import data_digest
 

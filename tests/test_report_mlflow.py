@@ -3,13 +3,14 @@ import json
 import logging
 import os
 
+import mlflow.tracking as mlflow_tracking  # a hard dependency: imported plainly, so a broken mlflow fails
 import pytest
 
 from pipeline.report import main
 from pipeline.reporting.mlflow_mirror import mirror_runs
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
 
-mlflow_tracking = pytest.importorskip("mlflow.tracking")
+pytestmark = pytest.mark.slow  # each test writes and reads an MLflow store: seconds each
 
 
 def encoded_shards(root) -> None:

@@ -50,7 +50,8 @@ def test_table_reads_every_number_from_the_study_files(tmp_path):
     report_studies.main(["--root", str(tmp_path)])
     text = page(tmp_path).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| [toy]"))
-    assert "(../reports/studies/toy/report.md)" in row  # relative to the page and "| 2 × 3 |" in row
+    assert "(../reports/studies/toy/report.md)" in row  # relative to the page
+    assert "| 2 × 3 |" in row  # variants × seeds
     assert "1.5 ± 0.02 (reference 1.4857)" in row and "bits_per_char ↓ 2.25 ± 0.03" in row
     assert "val_loss ↓: no_positional +0.125 (95% CI [0.115, 0.135], p 0.012, worse)" in row
     assert "12 min 34 s (`dvc repro`), cpu, 2 CPUs" in row and "0.25" not in row

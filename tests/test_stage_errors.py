@@ -77,6 +77,7 @@ def test_evaluate_names_the_missing_run(tiny_shards, tmp_path):
     assert not (tmp_path / "eval").exists()
 
 
+@pytest.mark.multiprocess
 def test_the_process_exits_non_zero_with_one_line_on_stderr(tmp_path):
     done = subprocess.run([sys.executable, "-m", "pipeline.filter", "--params", params(tmp_path, "filter: [1]\n"),
                            "--raw", str(tmp_path), "--out", str(tmp_path / "f"), "--metrics", str(tmp_path / "m")],
@@ -86,6 +87,7 @@ def test_the_process_exits_non_zero_with_one_line_on_stderr(tmp_path):
 
 
 # -- a full disk: the same one line from any stage -----------------------------------------------
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
 def test_train_on_a_full_disk_names_the_checkpoint_and_keeps_the_one_before(tiny_shards, tmp_path, monkeypatch):
     from pipeline.training import checkpoint
@@ -108,6 +110,7 @@ def test_train_on_a_full_disk_names_the_checkpoint_and_keeps_the_one_before(tiny
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_the_report_on_a_full_disk_names_its_file_and_keeps_the_last_report(tmp_path, monkeypatch):
     import errno
 

@@ -16,6 +16,8 @@ import yaml
 from pipeline.training.batching import load_split, load_texts, read_manifest
 from tests.tiny_project import ROOT, tiny_params
 
+pytestmark = pytest.mark.multiprocess  # each test imports in a fresh Python process
+
 REFERENCES = ["The cats were running home.\nThey liked the fish.", "A dog barked loudly at the mailman today."]
 PREDICTIONS = ["the cat ran home. they like fishes", "dogs bark at mailmen"]
 # Libraries of other stages: the report's (pandas, matplotlib, scipy, MLflow) and nltk's whole

@@ -15,6 +15,7 @@ def stages(points: dict[str, list[str]], variants=("baseline", "no_positional"))
             for stage in ("train", "evaluate")}
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_adding_a_rate_or_a_size_adds_only_its_own_stages(tiny_repo, tmp_path):
     project = tmp_path / "project"

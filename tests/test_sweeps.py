@@ -94,6 +94,7 @@ def test_a_rate_where_a_seed_diverged_is_never_chosen(tmp_path):
     assert "diverged (1/3 seeds); others 1.002" in md
 
 
+@pytest.mark.slow
 def test_a_verdict_that_changes_at_the_own_best_rate_is_named(tmp_path, monkeypatch):
     # At the shared 0.001 `slow` is clearly worse on test; at its own best (0.01) it ties.
     sweep_project(tmp_path, {("baseline", 0.001): (2.0, 2.0), ("baseline", 0.01): (2.5, 2.5),

@@ -96,6 +96,7 @@ def test_same_seed_same_metrics_different_seed_different(tiny_shards):
     assert a["val_loss"] != c["val_loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,norm", [("encoder_decoder", "layernorm"), ("decoder_only", "layernorm"),
                                        ("decoder_only", "rmsnorm")])
 def test_the_thread_count_does_not_change_a_single_bit(tiny_shards, monkeypatch, arch, norm):
@@ -269,6 +270,8 @@ def write_params(path: Path) -> None:
     path.write_text(yaml.safe_dump(params))
 
 
+@pytest.mark.multiprocess
+@pytest.mark.kill
 @pytest.mark.slow
 def test_sigkill_midway_then_rerun_equals_uninterrupted(tiny_shards, tmp_path):
     params = tmp_path / "params.yaml"

@@ -80,7 +80,7 @@ def server(tmp_path_factory):
     """A scratch package whose report stage is FAKE_STAGE, and a warm server started in it."""
     root = tmp_path_factory.mktemp("warm")
     (root / "pipeline" / "grid").mkdir(parents=True)
-    for name in ("pipeline/__init__.py", "pipeline/cpu_numerics.py", "pipeline/atomic.py", "pipeline/grid/__init__.py",
+    for name in ("pipeline/__init__.py", "pipeline/cpu_numerics.py", "pipeline/grid/exit.py", "pipeline/grid/__init__.py",
                  "pipeline/grid/warm.py", "pipeline/grid/shim.py", "pipeline/grid/lifeline.py", "pipeline/grid/fresh.py",
                  "pipeline/grid/auto.py"):
         shutil.copy(ROOT / name, root / name)
@@ -112,6 +112,7 @@ def echo(server, code=0, env=None):
     return proc, json.loads(out), err
 
 
+@pytest.mark.multiprocess
 def test_a_stage_is_served_with_its_arguments_directory_environment_and_streams(server):
     proc, seen, err = echo(server, code=3, env={"FOO": "bar"})
     assert proc.returncode == 3
@@ -124,6 +125,7 @@ def test_a_stage_is_served_with_its_arguments_directory_environment_and_streams(
     assert "served pipeline.report" in (server[0] / "warm.log").read_text()
 
 
+@pytest.mark.multiprocess
 def test_an_import_time_variable_set_differently_runs_it_the_ordinary_way(server):
     proc, seen, _ = echo(server, env={"OMP_NUM_THREADS": "7"})
     assert proc.returncode == 0 and seen["pid"] == proc.pid
@@ -159,6 +161,7 @@ def _state(server, served: bool, **kw) -> dict:
     return seen
 
 
+@pytest.mark.multiprocess
 def test_a_served_stage_has_a_fresh_interpreters_warnings_logging_and_sys_path(server):
     warm, cold = _state(server, True), _state(server, False)
     assert not any("set by a module the server imported" in f for f in warm["filters"])
@@ -169,6 +172,7 @@ def test_a_served_stage_has_a_fresh_interpreters_warnings_logging_and_sys_path(s
     assert warm["path"] == cold["path"]
 
 
+@pytest.mark.multiprocess
 def test_a_served_stage_takes_the_commands_umask_and_resource_limits(server):
     how = {"preexec_fn": _limited(0o027, nofile=200)}
     warm, cold = _state(server, True, **how), _state(server, False, **how)
@@ -176,6 +180,7 @@ def test_a_served_stage_takes_the_commands_umask_and_resource_limits(server):
     assert warm["nofile"][0] == cold["nofile"][0] == 200
 
 
+@pytest.mark.multiprocess
 def test_a_memory_limit_other_than_the_servers_runs_it_the_ordinary_way(server):
     _state(server, False, preexec_fn=_limited(0o022, memory=64 << 30))
     proc = command(server, "state", preexec_fn=_limited(0o022, memory=64 << 30))
@@ -183,6 +188,7 @@ def test_a_memory_limit_other_than_the_servers_runs_it_the_ordinary_way(server):
     assert json.loads(out)["pid"] == proc.pid  # `ulimit -v`: a new process, not a fork
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name, value", [("TZ", "Asia/Tokyo"), ("LANG", "C"), ("LC_ALL", "C"), ("TMPDIR", "/var/tmp"),
                                          ("HOME", "/nonexistent"), ("MALLOC_ARENA_MAX", "2")])
 def test_a_locale_time_zone_temp_dir_home_or_malloc_setting_of_its_own_runs_it_the_ordinary_way(server, name, value):
@@ -190,6 +196,7 @@ def test_a_locale_time_zone_temp_dir_home_or_malloc_setting_of_its_own_runs_it_t
     assert proc.returncode == 0 and seen["pid"] == proc.pid
 
 
+@pytest.mark.multiprocess
 def test_a_native_thread_nobody_named_stops_the_server_serving():
     code = ("from pipeline.grid import fresh; import faulthandler; before = fresh.threads(); "
             "assert fresh.threads_not_forkable(before, set()) == ''; "
@@ -199,6 +206,7 @@ def test_a_native_thread_nobody_named_stops_the_server_serving():
     assert out.stdout.startswith("1 native thread(s) not known to survive a fork"), out.stdout
 
 
+@pytest.mark.multiprocess
 def test_without_a_server_it_runs_the_ordinary_way(server, tmp_path):
     write_shims(str(tmp_path), str(tmp_path / "no-such-socket"), str(Path(sys.executable).parent))
     proc, seen, _ = echo(server, env={"PATH": f"{tmp_path}{os.pathsep}{Path(sys.executable).parent}"})
@@ -206,6 +214,7 @@ def test_without_a_server_it_runs_the_ordinary_way(server, tmp_path):
     assert str(tmp_path) not in seen["path"] and seen["executable"] == str(Path(sys.executable).absolute())
 
 
+@pytest.mark.multiprocess
 def test_a_python_that_is_a_wrapper_of_the_servers_interpreter_is_served_and_another_is_not(server, tmp_path):
     """A GPU machine's `python` can be a script that execs the image's interpreter (scripts/gpu_env.sh):
     the same interpreter, served. One that runs another virtual environment's is not."""
@@ -223,6 +232,8 @@ def test_a_python_that_is_a_wrapper_of_the_servers_interpreter_is_served_and_ano
         assert proc.returncode == 0 and (seen["pid"] != proc.pid) == served, name
 
 
+@pytest.mark.multiprocess
+@pytest.mark.kill
 def test_an_exception_and_a_kill_end_the_command_as_they_end_the_stage(server):
     proc = command(server, "raise")
     _, err = proc.communicate(timeout=60)
@@ -232,6 +243,7 @@ def test_an_exception_and_a_kill_end_the_command_as_they_end_the_stage(server):
     assert proc.returncode == -signal.SIGKILL
 
 
+@pytest.mark.multiprocess
 def test_python_exit_work_is_done_atexit_threads_and_unclosed_files(server, tmp_path):
     stem = str(tmp_path / "f")
     proc = command(server, "finish", stem)
@@ -250,7 +262,7 @@ def _wait_for(path: Path, timeout: float = 30) -> int:
     return int(path.read_text())
 
 
-def _gone(pid: int, timeout: float = 10) -> bool:
+def _gone(pid: int, timeout: float = 30) -> bool:  # a poll: wide for a loaded machine
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -261,6 +273,8 @@ def _gone(pid: int, timeout: float = 10) -> bool:
     return False
 
 
+@pytest.mark.multiprocess
+@pytest.mark.kill
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_signal_to_the_command_reaches_its_stage(server, tmp_path, how):
     pidfile = tmp_path / "pid"
@@ -273,6 +287,8 @@ def test_a_signal_to_the_command_reaches_its_stage(server, tmp_path, how):
     assert proc.returncode != 0
 
 
+@pytest.mark.multiprocess
+@pytest.mark.kill
 def test_ctrl_z_stops_the_stage_with_its_command_and_fg_continues_it(server, tmp_path):
     import psutil
 
@@ -281,12 +297,12 @@ def test_ctrl_z_stops_the_stage_with_its_command_and_fg_continues_it(server, tmp
     stage = psutil.Process(_wait_for(pidfile))
     try:
         proc.send_signal(signal.SIGTSTP)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a poll: wide for a loaded machine
         while stage.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
             time.sleep(0.05)
         assert stage.status() == psutil.STATUS_STOPPED
         proc.send_signal(signal.SIGCONT)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a poll: wide for a loaded machine
         while stage.status() == psutil.STATUS_STOPPED and time.monotonic() < deadline:
             time.sleep(0.05)
         assert stage.status() != psutil.STATUS_STOPPED
@@ -334,6 +350,7 @@ def stage_stderr(text: str) -> list[str]:
     return [TIMING.sub("#", line) for line in text.splitlines() if line.strip()]
 
 
+@pytest.mark.repro
 @pytest.mark.slow
 def test_the_study_warm_is_the_study_cold(tmp_path):
     """The tiny study, serial, warm and cold: the same stages run, the same output hashes in

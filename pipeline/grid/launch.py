@@ -27,6 +27,7 @@ from pipeline.grid import signals
 from pipeline.grid.auto import SETTING as AUTO_WARM
 from pipeline.grid.dag import Task
 from pipeline.grid.lifeline import end_groups
+from pipeline.progress import clock
 
 MAX_ATTEMPTS = 8
 LOCK_ERRORS = ("Unable to acquire lock", "is busy, it is being blocked by")
@@ -67,11 +68,6 @@ def _read(p: Process, echo: bool) -> None:
             m = RUNNING.match(line)
             if m:
                 p.marks.append((time.monotonic(), m.group(1)))
-
-
-def _clock(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 60}:{s % 60:02d}"
 
 
 class Launcher:
@@ -162,7 +158,7 @@ class Launcher:
                 self.start(task, command_of(task), max(1, self.cores // in_flight), echo)  # now in running
                 self.say(f"grid: start {' '.join(task.stages)}"
                          + (f" (attempt {task.attempts})" if task.attempts > 1 else "")
-                         + f"  [{len(running)} running, {_clock(now - self.t0)} elapsed]")
+                         + f"  [{len(running)} running, {clock(now - self.t0)} elapsed]")
             time.sleep(0.1)
             for p in list(running):
                 for _, name in list(p.marks):  # an earlier stage of the task is done once the next starts
@@ -186,9 +182,9 @@ class Launcher:
             eta = ""
             if pending:  # the tasks left, at the mean time of those done so far, `jobs` at a time
                 mean = sum(finished) / len(finished)
-                eta = f", ETA {_clock(mean * len(pending) / max(1, min(self.jobs, len(pending))))}"
+                eta = f", ETA {clock(mean * len(pending) / max(1, min(self.jobs, len(pending))))}"
             self.say(f"grid: done  {' '.join(task.stages)} in {took:.1f} s  "
-                     f"[{len(self.out.done & self.names)}/{total} stages, {_clock(end - self.t0)} elapsed{eta}]")
+                     f"[{len(self.out.done & self.names)}/{total} stages, {clock(end - self.t0)} elapsed{eta}]")
             return
         errors = [line for line in p.lines if line.startswith("ERROR")]
         if any(m in line for line in errors for m in LOCK_ERRORS) and task.attempts < MAX_ATTEMPTS:

@@ -33,7 +33,6 @@ A command's handler dies with the server, a stage with its handler (SIGKILL).
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import importlib
@@ -53,6 +52,7 @@ import time
 import traceback
 
 from pipeline.grid.auto import SETTING
+from pipeline.grid.exit import run_main
 from pipeline.grid.fresh import NAMED_THREADS, fresh_state, restore, threads, threads_not_forkable
 from pipeline.grid.lifeline import die_with_parent
 from pipeline.grid.shim import STAGES, fingerprint, limits, recv, send, write_shims
@@ -309,49 +309,9 @@ def _become_stage(request: dict, fds: list[int], rng, fresh: dict) -> None:
         sys.modules["numpy"].random.seed()
     if rng is not None:
         sys.modules["torch"].random.set_rng_state(rng)
-    code: int | str | None = 0
-    interrupted = False
-    try:
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        code = exc.code
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code, interrupted = 1, True
-    except BaseException:  # noqa: BLE001 - as Python reports an uncaught exception
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    _exit(code, interrupted)
-
-
-def _exit(code, interrupted: bool) -> None:
-    """Python's own exit, less tearing down the thousands of modules the server imported (~1.2 s,
-    more than many stages' work): pipeline.atomic.exit_now, what every stage module ends with
-    (run_main), so that a stage served warm ends as one run cold. A stage that returns to here
-    (a module without run_main) ends the same way; without pipeline.atomic, by the steps below."""
-    try:
-        from pipeline.atomic import exit_now
-    except ImportError:
-        pass
-    else:
-        exit_now(code, interrupted)
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    threading._shutdown()  # what Py_FinalizeEx does first
-    atexit._run_exitfuncs()
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if interrupted:  # a Ctrl-C ends Python by SIGINT, so the shell sees it
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code & 0xFF)
+    # Ends as a stage run cold ends (pipeline/grid/exit.py), also when the module returns here (one
+    # without run_main): Python's exit, less tearing down the thousands of modules the server imported.
+    run_main(lambda: runpy.run_module(request["module"], run_name="__main__", alter_sys=True))
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ import csv
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,11 +64,11 @@ class RunData:
                             [InputTag("mlflow.data.context", context)])
 
 
-def run_data(params: dict, shards: Path, lock: Path) -> RunData:
-    """The RunData of `params` (a params.yaml mapping): digest = the md5 dvc.lock records for `shards`
-    (a DVC output, so the same data gives the same hash on every machine), or where no dvc.lock
-    lists it (a stage run by hand) sha256 of the shards' manifest, which names every shard's hash."""
-    data = params.get("data") or {}
+def run_data(data: Mapping, shards: Path, lock: Path) -> RunData:
+    """The RunData of params.yaml's `data` section (the keys it states): digest = the md5 dvc.lock
+    records for `shards` (a DVC output, so the same data gives the same hash on every machine), or
+    where no dvc.lock lists it (a stage run by hand) sha256 of the shards' manifest, which names
+    every shard's hash."""
     name = str(data.get("source") or "synthetic")
     digest = _lock_hash(lock, shards)
     if digest is None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.progress import clock
 from pipeline.training import checkpoint
 from pipeline.training.batching import (ATTENTION_ALIGN, Split, collate, lm_batches, lm_collate, lm_stream,
                                        pad_for_compile, seq2seq_batches)
@@ -425,9 +426,4 @@ def _report(bar, log, step, total, loss, lr, tps, eta, advanced) -> None:
         bar.update(advanced)  # tqdm's own "elapsed<remaining" is the ETA
         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
     else:
-        log(f"step {step}/{total} loss {loss:.4f} lr {lr:.2e} tokens/s {tps:,.0f} ETA {_clock(eta)}")
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        log(f"step {step}/{total} loss {loss:.4f} lr {lr:.2e} tokens/s {tps:,.0f} ETA {clock(eta)}")
