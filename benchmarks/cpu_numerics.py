@@ -68,8 +68,15 @@ def child(name: str, steps: int, threads: int) -> None:
     print(json.dumps({"step_ms": 1e3 * statistics.median(times), **cpu_numerics.describe()}))
 
 
+def unpinned_env() -> dict:
+    """This process's environment without the pinned settings, for a child to choose its own."""
+    from pipeline.cpu_numerics import PINNED
+
+    return {k: v for k, v in os.environ.items() if k not in PINNED}
+
+
 def measure(name: str, pinned: bool, steps: int, threads: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    env = unpinned_env()
     env["ABLATION_LAB_PIN_CPU"] = "1" if pinned else "0"
     out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--steps", str(steps),
                           "--threads", str(threads)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
@@ -85,7 +92,7 @@ def facts() -> dict:
              "a, b = (torch.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((512, 384), (384, 1536)))\n"
              "out = {'matmul': a @ b, 'softmax': torch.softmax(a, -1), 'gelu': torch.nn.functional.gelu(a)}\n"
              "print(' '.join(f'{k}={hashlib.sha256(v.numpy().tobytes()).hexdigest()[:12]}' for k, v in out.items()))")
-    clean = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    clean = unpinned_env()
     settings = {"native": {}, "MKL_CBWR=AVX2,STRICT": {"MKL_CBWR": "AVX2,STRICT"},
                 "ATEN_CPU_CAPABILITY=avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
                 "ONEDNN_MAX_CPU_ISA=AVX2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
@@ -111,16 +118,6 @@ def facts() -> dict:
             "torch_rmsnorm_weight_grad_differs_1_vs_2_threads": differs(lambda: torch.nn.RMSNorm(128))}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -132,8 +129,10 @@ def main() -> None:
         return child(args.child, args.steps, args.threads[0])
     import torch
 
+    from pipeline.training.device import _cpu_model
+
     result = {"config": {"rounds": args.rounds, "steps": args.steps, "threads": args.threads, "torch": torch.__version__,
-                         "machine": platform.machine(), "cpu": cpu_model()}, "shapes": {}}
+                         "machine": platform.machine(), "cpu": _cpu_model()}, "shapes": {}}
     for name in SHAPES:
         result["shapes"][name] = {}
         for threads in args.threads:
