@@ -1,0 +1,111 @@
+"""The rounds of a seeds-until-decided study: from the results so far, what each comparison decided
+at which look, and which seeds each variant and the baseline run next.
+
+Pure functions over plain dicts (variant -> {seed: metric}); the record they return is plain JSON
+data, the same for the same inputs. Design decisions:
+- One seed order, fixed before the study: the user's `seeds` as listed, then the next integers
+  above the largest, up to the budget. Look k uses the first looks[k] seeds of it, so a look's
+  seeds never depend on earlier results (the proof in pipeline.deciding.rule needs this); seeds
+  are never dropped, reordered or rerun.
+- Paired runs only: a comparison takes a look when the variant and the baseline both have every
+  seed of it. A seed only one side has, or a seed outside the order, is not used.
+- The record is recomputed from the results every round, taking the looks in order: a comparison
+  stops at the first look that decides it and ignores any later seeds it may have, so the record
+  does not depend on how many rounds it took to get there.
+- Only open comparisons get seeds: a variant needs the seeds of its next look that it lacks; the
+  baseline needs the seeds of the open variants' next looks that it lacks (in a study run round by
+  round, the union of what they need).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from pipeline.deciding.rule import DECIDED, Plan, decide
+
+
+def seed_order(seeds: Sequence[int], budget: int) -> list[int]:
+    """The study's seeds in the order they are used: `seeds` as listed, then max(seeds) + 1, + 2, ...
+    until there are `budget` of them."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds must list at least one seed")
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"seeds must be integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must not repeat, got {seeds!r}")
+    if len(seeds) > budget:  # dropping the user's seeds would leave runs out of the study
+        raise ValueError(f"seeds lists {len(seeds)} seeds, more than the budget of {budget}")
+    top = max(seeds)
+    return [int(s) for s in seeds] + list(range(top + 1, top + 1 + budget - len(seeds)))
+
+
+def _paired_prefix(order: list[int], variant: Mapping[int, float], baseline: Mapping[int, float]) -> int:
+    """How many seeds at the start of `order` both sides have."""
+    n = 0
+    for s in order:
+        if s not in variant or s not in baseline:
+            break
+        n += 1
+    return n
+
+
+def _comparison(name: str, variant: Mapping[int, float], baseline: Mapping[int, float], order: list[int],
+                plan: Plan, higher_is_better: bool) -> dict:
+    paired = _paired_prefix(order, variant, baseline)
+    ready = sum(1 for n in plan.looks if n <= paired)  # looks whose seeds both sides have
+    diffs = [variant[s] - baseline[s] for s in order[:paired]]
+    looks = []
+    for k in range(ready):
+        try:
+            decision = decide(diffs, plan, k, higher_is_better)
+        except ValueError as err:  # a non-finite metric: say which variant, not just that one is
+            raise ValueError(f"{name}: {err}") from None
+        looks.append(decision.to_json())
+        if decision.verdict in DECIDED:
+            break
+    state = looks[-1]["verdict"] if looks else "continue"
+    open_ = state == "continue"
+    next_look = plan.looks[len(looks)] if open_ else None
+    needs = [s for s in order[:next_look] if s not in variant] if open_ else []
+    return {"looks": looks, "state": state, "next_look": next_look, "needs": needs,
+            "runs": sum(1 for s in order if s in variant)}
+
+
+def step(results: Mapping[str, Mapping[int, float]], plan: Plan, seeds: Sequence[int], higher_is_better: bool,
+         *, baseline: str) -> dict:
+    """The study's record from `results` (variant -> {seed: metric}, the baseline included under
+    `baseline`; a variant with no runs yet as {}): per variant the looks taken (n, mean, lo, hi,
+    verdict, note), its state (the last verdict, "continue" before its first look), the seed count of
+    its next look and the seeds it needs for it; the seeds the baseline needs; whether it is done.
+    `higher_is_better` is the metric's direction (pipeline.reporting.stats.higher_is_better)."""
+    if baseline not in results:
+        raise ValueError(f"results has no baseline {baseline!r}")
+    names = sorted(v for v in results if v != baseline)
+    if len(names) != plan.comparisons:  # the Bonferroni level counts every comparison of the study
+        raise ValueError(f"plan.comparisons is {plan.comparisons} but results has {len(names)} variants "
+                         f"besides the baseline: {names}")
+    order = seed_order(seeds, plan.budget)
+    base = results[baseline]
+    variants = {v: _comparison(v, results[v], base, order, plan, higher_is_better) for v in names}
+    wanted = {s for rec in variants.values() if rec["next_look"] is not None for s in order[:rec["next_look"]]}
+    base_needs = [s for s in order if s in wanted and s not in base]
+    return {
+        "plan": plan.to_json(),
+        "higher_is_better": bool(higher_is_better),
+        "seed_order": order,
+        "baseline": {"name": baseline, "runs": sum(1 for s in order if s in base), "needs": base_needs},
+        "variants": variants,
+        "done": all(rec["state"] != "continue" for rec in variants.values()),
+    }
+
+
+def runs_spent(record: dict) -> int:
+    """Runs the study has made so far (the baseline's and every variant's, seeds in its order)."""
+    return record["baseline"]["runs"] + sum(rec["runs"] for rec in record["variants"].values())
+
+
+def fixed_design_runs(plan: Plan, n_variants: int) -> int:
+    """Runs of the fixed design it replaces: every variant and the baseline at the budget."""
+    return (n_variants + 1) * plan.budget

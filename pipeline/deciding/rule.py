@@ -1,0 +1,215 @@
+"""The sequential stopping rule: each ablation vs the baseline, decided at seed counts fixed in advance.
+
+The rule. Before any run the study fixes the looks n_1 < ... < n_K (seed counts; n_K is the budget),
+the family-wise error alpha, the number m of comparisons (ablations vs the baseline) and, optionally,
+a margin delta. At look k every comparison not yet decided gets the paired t-interval of its first
+n_k differences (variant - baseline, seed by seed, seeds in a fixed order) at level
+1 - alpha / (m K): Bonferroni over the comparisons and the looks. Its verdict is
+- worse / better when the interval excludes 0 (the direction from the metric's; for a
+  lower-is-better metric such as val_loss a positive difference is worse),
+- equivalent when a margin is set and the interval lies strictly inside (-delta, delta),
+- otherwise continue (it gets the seeds of the next look), or undecided at the last look.
+A decided comparison takes no later look and gets no more seeds.
+
+Why every verdict holds with probability >= 1 - alpha. Let I_ik be the interval comparison i would
+get at look k. Its n_k is fixed before the study and its seeds are the first n_k of a fixed order,
+so I_ik is computed from the same n_k paired differences whatever happened at earlier looks: it is
+a plain fixed-n t-interval, and it misses the true difference Delta_i with probability
+alpha / (m K). By the union bound over the m K intervals that could ever be computed, all of them
+cover their Delta at once with probability >= 1 - alpha, under any dependence between them (nested
+looks, the shared baseline). Stopping only chooses which of them are reported, so the reported ones
+cover simultaneously with probability >= 1 - alpha, whatever the stopping. A verdict is wrong only
+if its interval misses Delta: "worse"/"better" states the sign of Delta, "equivalent" states
+|Delta| < delta, and a covering interval makes both true. So the family-wise rate of wrong verdicts
+is <= alpha (tests/test_deciding.py checks it by simulation, and that naive peeking fails there).
+
+What it is not.
+- Not the tightest valid rule: the union bound ignores how strongly nested looks are correlated,
+  so the real error is below alpha (about 0.04 at alpha 0.05 and looks 3, 5, 8, 12, 20 in the
+  simulation) and a group-sequential boundary or a t-confidence sequence would decide sooner.
+  It trades seeds for a proof that fits in a paragraph.
+- It assumes what the t-interval assumes: paired differences normal and independent across seeds.
+  At three seeds a heavy tail cannot be seen in the data.
+- The looks, alpha, m and delta must be fixed before the first run; choosing any of them after
+  seeing results voids the proof. Seeds are used in their fixed order, never dropped or rerun.
+- "undecided" is not "equivalent": at the budget the interval still straddles 0 and a margin.
+- After adaptive stopping a fixed-n p-value or post-hoc power of the same data is not valid.
+
+Zero variance (every seed gives the same difference, e.g. identical runs) is handled as
+pipeline.reporting.stats handles it: the interval is the point, said in a note, never NaN.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+DECIDED = ("worse", "better", "equivalent")  # a comparison with one of these takes no later look
+VERDICTS = DECIDED + ("continue", "undecided")
+ZERO_VARIANCE = "zero variance: every seed gives the same difference, so the interval is that point"
+INSIDE_MARGIN = "inside the margin too: a difference smaller than the margin"
+# The tolerance of pipeline.reporting.stats (its _zero_variance): differences that differ only by
+# float round-off must not give an absurdly narrow interval.
+ZERO_VARIANCE_RTOL = 1e-12
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a sequential study fixes before its first run (validated here, once)."""
+
+    looks: tuple[int, ...]  # seed counts at which each open comparison is decided; the last is the budget
+    alpha: float  # family-wise error: P(any reported interval misses its difference) <= alpha
+    margin: float | None  # delta: an interval inside (-delta, delta) is "equivalent"; None decides signs only
+    comparisons: int  # m, the ablations compared with the baseline: Bonferroni counts every one
+
+    def __post_init__(self) -> None:
+        if isinstance(self.looks, (str, bytes)) or not isinstance(self.looks, (Sequence, np.ndarray)):
+            raise ValueError(f"Plan.looks must be a sequence of seed counts, got {self.looks!r}")
+        looks = tuple(self.looks)
+        if not looks or not all(_is_int(n) for n in looks):
+            raise ValueError(f"Plan.looks must be a non-empty list of integer seed counts, got {self.looks!r}")
+        looks = tuple(int(n) for n in looks)
+        if looks[0] < 2:
+            raise ValueError(f"Plan.looks must start at 2 seeds or more (a t-interval needs two), got {looks}")
+        if any(b <= a for a, b in zip(looks, looks[1:])):
+            raise ValueError(f"Plan.looks must be strictly increasing, got {looks}")
+        if not _is_real(self.alpha) or not 0 < self.alpha < 1:
+            raise ValueError(f"Plan.alpha must be in (0, 1), got {self.alpha!r}")
+        if self.margin is not None and (
+            not _is_real(self.margin) or not math.isfinite(self.margin) or self.margin <= 0
+        ):
+            raise ValueError(f"Plan.margin must be None or a finite number > 0, got {self.margin!r}")
+        if not _is_int(self.comparisons) or self.comparisons < 1:
+            raise ValueError(f"Plan.comparisons must be an integer >= 1, got {self.comparisons!r}")
+        object.__setattr__(self, "looks", looks)  # frozen: normalised once (a list from YAML -> tuple)
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "margin", None if self.margin is None else float(self.margin))
+        object.__setattr__(self, "comparisons", int(self.comparisons))
+
+    @property
+    def level(self) -> float:
+        """Confidence level of every interval: 1 - alpha / (comparisons * looks)."""
+        return 1 - self.alpha / (self.comparisons * len(self.looks))
+
+    @property
+    def budget(self) -> int:
+        """The most seeds any variant runs: the last look."""
+        return self.looks[-1]
+
+    def to_json(self) -> dict:
+        return {"looks": list(self.looks), "alpha": self.alpha, "margin": self.margin,
+                "comparisons": self.comparisons, "level": self.level}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One comparison at one look: the mean difference, its interval at the plan's level, the verdict."""
+
+    n: int  # paired seeds used: the look's seed count
+    mean: float  # mean difference variant - baseline
+    lo: float  # the t-interval at Plan.level
+    hi: float
+    verdict: str  # one of VERDICTS
+    note: str = ""  # "" | ZERO_VARIANCE | INSIDE_MARGIN (joined with "; " when both)
+
+    def to_json(self) -> dict:
+        return {"n": self.n, "mean": self.mean, "lo": self.lo, "hi": self.hi, "verdict": self.verdict,
+                "note": self.note}
+
+
+def t_interval(diffs: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and two-sided Student t-interval at `level` over the last axis of `diffs` (n >= 2 values),
+    and where they have zero variance (there the interval is the mean itself, not NaN)."""
+    d = np.asarray(diffs, dtype=float)
+    n = d.shape[-1]
+    if n < 2:
+        raise ValueError(f"a t-interval needs at least 2 differences, got {n}")
+    mean = d.mean(axis=-1)
+    constant = np.ptp(d, axis=-1) <= ZERO_VARIANCE_RTOL * np.maximum(1.0, np.abs(d).max(axis=-1))
+    half = float(sps.t.isf((1 - level) / 2, n - 1)) * d.std(axis=-1, ddof=1) / math.sqrt(n)
+    half = np.where(constant, 0.0, half)
+    return mean, mean - half, mean + half, constant
+
+
+def _verdicts(lo: np.ndarray, hi: np.ndarray, margin: float | None, final: np.ndarray | bool,
+              higher_is_better: bool) -> np.ndarray:
+    """The verdict of each interval (elementwise); `final` marks the last look."""
+    above, below = "better", "worse"  # an interval above 0: the variant's metric is higher
+    if not higher_is_better:
+        above, below = below, above
+    inside = np.zeros(np.shape(lo), dtype=bool) if margin is None else (lo > -margin) & (hi < margin)
+    # Sign first: an interval that excludes 0 and lies inside the margin states a direction (a note
+    # in decide() says it is smaller than the margin); both statements are covered by the proof.
+    verdict = np.select([lo > 0, hi < 0, inside], [above, below, "equivalent"], default="continue")
+    return np.where(np.asarray(final) & (verdict == "continue"), "undecided", verdict)
+
+
+def decide(diffs: Sequence[float], plan: Plan, look: int, higher_is_better: bool = False) -> Decision:
+    """The verdict at look `look` (an index into plan.looks) from the paired differences
+    variant - baseline, seed by seed in the study's seed order; the first plan.looks[look] are used."""
+    if not _is_int(look) or not 0 <= look < len(plan.looks):
+        raise ValueError(f"look must be an index into plan.looks (0..{len(plan.looks) - 1}), got {look!r}")
+    n = plan.looks[look]
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim != 1:
+        raise ValueError(f"decide() takes one comparison's differences (1-D), got shape {d.shape}")
+    if d.size < n:
+        raise ValueError(f"look {look} needs {n} paired differences, got {d.size}")
+    d = d[:n]
+    if not np.all(np.isfinite(d)):
+        raise ValueError("decide() needs finite differences; a diverged run must be dealt with first")
+    mean, lo, hi, constant = t_interval(d, plan.level)
+    verdict = str(_verdicts(lo, hi, plan.margin, look == len(plan.looks) - 1, higher_is_better))
+    notes = [ZERO_VARIANCE] if constant else []
+    if verdict in ("worse", "better") and plan.margin is not None and -plan.margin < lo and hi < plan.margin:
+        notes.append(INSIDE_MARGIN)
+    return Decision(n, float(mean), float(lo), float(hi), verdict, "; ".join(notes))
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """The rule run over complete studies: every look computed, those after `stop` not taken."""
+
+    mean: np.ndarray  # (..., K) mean difference at each look
+    lo: np.ndarray  # (..., K)
+    hi: np.ndarray  # (..., K)
+    verdict: np.ndarray  # (..., K) strings, as decide() gives them
+    stop: np.ndarray  # (...,) index of the last look taken: the first that decides, else K - 1
+
+    @property
+    def taken(self) -> np.ndarray:
+        """(..., K) True for the looks the rule takes (the intervals it reports)."""
+        return np.arange(self.verdict.shape[-1]) <= self.stop[..., None]
+
+    @property
+    def final(self) -> np.ndarray:
+        """(...,) the verdict of the last look taken."""
+        return np.take_along_axis(self.verdict, self.stop[..., None], axis=-1)[..., 0]
+
+
+def decide_all(diffs: np.ndarray, plan: Plan, higher_is_better: bool = False) -> Trace:
+    """The whole rule on complete studies: `diffs` has shape (..., n >= plan.budget), one row of paired
+    differences per comparison; the same intervals and verdicts as decide() at every look, and where
+    each comparison stops. For simulation (tests/test_deciding.py) and planning: a real study only
+    ever has the seeds of the looks it took (pipeline.deciding.rounds)."""
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim < 1 or d.shape[-1] < plan.budget:
+        raise ValueError(f"decide_all() needs {plan.budget} differences per comparison, got shape {d.shape}")
+    parts = [t_interval(d[..., :n], plan.level) for n in plan.looks]
+    mean, lo, hi = (np.stack([p[i] for p in parts], axis=-1) for i in range(3))
+    final = np.arange(len(plan.looks)) == len(plan.looks) - 1
+    verdict = _verdicts(lo, hi, plan.margin, final, higher_is_better)
+    decided = np.isin(verdict, DECIDED)
+    stop = np.where(decided.any(axis=-1), decided.argmax(axis=-1), len(plan.looks) - 1)
+    return Trace(mean, lo, hi, verdict, stop)
