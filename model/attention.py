@@ -69,7 +69,7 @@ class _FixedOrderSoftmax(torch.autograd.Function):
 
 
 def _softmax(x: Tensor) -> Tensor:
-    if x.device.type == "cpu" and x.requires_grad and torch.is_grad_enabled():
+    if _backward_on_cpu(x):
         return _FixedOrderSoftmax.apply(x)
     return torch.softmax(x, dim=-1)  # CUDA, and no backward: torch's kernel
 
@@ -77,6 +77,11 @@ def _softmax(x: Tensor) -> Tensor:
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                     dropout_p: float = 0.0, is_causal: bool = False) -> tuple[Tensor, None]:
     """PyTorch's fused kernel (flash / memory-efficient / math); same maths, no weights returned."""
+    if dropout_p > 0 and _backward_on_cpu(q):
+        # On the CPU the kernel runs attention dropout through its math path, whose softmax backward
+        # depends on the thread count (_FixedOrderSoftmax): the written-out path, same maths and masks.
+        return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                            is_causal=is_causal)[0], None
     if _one_pair_backward_on_cpu(q):
         q, k, v = _with_detached_copy(q, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
@@ -96,7 +101,11 @@ def _one_pair_backward_on_cpu(q: Tensor) -> bool:
     single_head runs train other weights under `bash run.sh` (one thread a run) than under
     `dvc repro` (two; issue #50). With two pairs each pair stays in one thread.
     """
-    return q.shape[0] * q.shape[1] == 1 and q.device.type == "cpu" and q.requires_grad and torch.is_grad_enabled()
+    return q.shape[0] * q.shape[1] == 1 and _backward_on_cpu(q)
+
+
+def _backward_on_cpu(q: Tensor) -> bool:
+    return q.device.type == "cpu" and q.requires_grad and torch.is_grad_enabled()
 
 
 def _with_detached_copy(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -101,24 +101,25 @@ def test_model_manual_equals_sdpa_forward_and_backward(arch, positional):
         torch.testing.assert_close(grad, results[1][1][name], atol=1e-10, rtol=1e-10, msg=name)
 
 
-def _one_pair_bits(impl, length: int, head_dim: int, threads: int) -> list[bytes]:
-    """Output and q/k/v gradients of one (batch, head) pair with a key-padding mask, as bytes."""
+def _one_pair_bits(impl, length: int, head_dim: int, threads: int, pairs: int = 1, dropout: float = 0.0) -> list[bytes]:
+    """Output and q/k/v gradients of `pairs` (batch, head) pairs with a key-padding mask, as bytes."""
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(length)
-    q, k, v = (torch.randn(1, 1, length, head_dim, generator=g).requires_grad_() for _ in range(3))
-    mask = torch.zeros(1, 1, 1, length)
+    q, k, v = (torch.randn(pairs, 1, length, head_dim, generator=g).requires_grad_() for _ in range(3))
+    mask = torch.zeros(pairs, 1, 1, length)
     mask[..., -1] = float("-inf")
-    out = impl(q, k, v, attn_mask=mask)[0]
+    torch.manual_seed(0)  # the same dropout masks at both thread counts
+    out = impl(q, k, v, attn_mask=mask, dropout_p=dropout)[0]
     out.backward(torch.randn(out.shape, generator=g))
     return [t.detach().numpy().tobytes() for t in (out, q.grad, k.grad, v.grad)]
 
 
-def _thread_dependent_lengths(impl) -> list[tuple[int, int]]:
+def _thread_dependent_lengths(impl, pairs: int = 1, dropout: float = 0.0) -> list[tuple[int, int]]:
     try:
         # Lengths where torch 2.13.0's kernels differ across threads on an AVX-512 EPYC (pinned to
         # AVX2): flash backward at 34-35, 66-67, 98-99 (head size 64); bmm at 17-23 (16).
         return [(n, d) for d in (16, 64) for n in (20, 35, 67, 99)
-                if _one_pair_bits(impl, n, d, 1) != _one_pair_bits(impl, n, d, 2)]
+                if _one_pair_bits(impl, n, d, 1, pairs, dropout) != _one_pair_bits(impl, n, d, 2, pairs, dropout)]
     finally:
         torch.set_num_threads(1)
 
@@ -133,10 +134,12 @@ def test_one_pair_gradients_do_not_depend_on_the_thread_count(impl, monkeypatch)
     import model.attention as attention
 
     ours = attention.fused_attention if impl == "sdpa" else scaled_dot_product_attention
-    assert _thread_dependent_lengths(ours) == []
-    torchs = ((lambda q, k, v, attn_mask: (F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask), None))
-              if impl == "sdpa" else None)
-    monkeypatch.setattr(attention, "_one_pair_backward_on_cpu", lambda q: False)
+    # One pair; and attention dropout over many pairs, which sends torch's kernel to its math path.
+    assert _thread_dependent_lengths(ours) == [] == _thread_dependent_lengths(ours, pairs=8, dropout=0.1)
+    torchs = ((lambda q, k, v, attn_mask, dropout_p: (F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p), None)) if impl == "sdpa" else None)
+    monkeypatch.setattr(attention, "_backward_on_cpu", lambda q: False)
     monkeypatch.setattr(attention, "_softmax", lambda x: torch.softmax(x, dim=-1))
-    if _thread_dependent_lengths(torchs or scaled_dot_product_attention):
-        assert _thread_dependent_lengths(ours) != []
+    for case in ({}, {"pairs": 8, "dropout": 0.1}):
+        if _thread_dependent_lengths(torchs or scaled_dot_product_attention, **case):
+            assert _thread_dependent_lengths(ours, **case) != []
