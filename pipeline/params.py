@@ -223,6 +223,30 @@ class KnockoutParams(Section):
     mean_examples: int = Field(32, gt=0)  # training examples whose activations give the mean-ablation means
 
 
+class DecideRun(Section):
+    """One run `bash run.sh decide` added beyond `seeds` (its key in decide.runs is variant-seed)."""
+    variant: str
+    seed: int = Field(ge=0, lt=2**32)
+
+
+class DecideParams(Section):
+    """Seeds until decided (pipeline.deciding, docs/seeds-until-decided.md): off while `looks` is empty.
+    Each comparison with the baseline is looked at when it has looks[k] paired seeds, at the level
+    1 - alpha / (comparisons x looks); it stops when its interval excludes 0 or (with a margin)
+    lies inside (-margin, margin), and only open comparisons get more seeds, up to looks[-1]."""
+    # Seed counts of the looks, fixed before any run: the first is len(seeds) (every variant trains
+    # `seeds`), the last is the budget.
+    looks: list[Annotated[int, Field(ge=2)]] = []
+    alpha: float = Field(0.05, gt=0, lt=1)  # the family-wise error over every comparison and look
+    # In the primary metric's units: |Δ| inside (-margin, margin) counts as "equivalent". Declare it
+    # before the first run; None decides only the sign.
+    margin: float | None = Field(None, gt=0)
+    # Written by `bash run.sh decide` (pipeline/decide.py), never by hand: the runs it added beyond
+    # `seeds`, `variant-seed: {variant, seed}`; dvc.yaml lays out a train_more / evaluate_more /
+    # knockout_more stage for each.
+    runs: dict[str, DecideRun] = {}
+
+
 class Params(Section):
     data: DataParams = DataParams()
     filter: FilterParams = FilterParams()
@@ -242,6 +266,7 @@ class Params(Section):
     lr_sweep: list[Annotated[float, Field(gt=0)]] = []
     scales: dict[str, dict[str, Any] | None] = {}
     knockout: KnockoutParams = KnockoutParams()
+    decide: DecideParams = DecideParams()
 
     @field_validator("seeds")
     @classmethod
@@ -297,6 +322,32 @@ class Params(Section):
         if chosen and not set(chosen) & set(self.seeds):
             raise ValueError(f"knockout.seeds: none of {chosen} is in seeds {self.seeds} (only those train the "
                              "baseline the knock-outs start from); use all, [] for off, or trained seeds")
+        return self
+
+    @model_validator(mode="after")
+    def _decide_plan(self) -> "Params":
+        looks, runs = self.decide.looks, self.decide.runs
+        if not looks:
+            if runs:
+                raise ValueError("decide.runs: runs added by `bash run.sh decide`, but decide.looks is empty (off)")
+            return self
+        if any(b <= a for a, b in zip(looks, looks[1:])):
+            raise ValueError(f"decide.looks: {looks} must increase (seed counts at each look)")
+        if looks[0] != len(self.seeds):
+            raise ValueError(f"decide.looks: the first look is at {looks[0]} seeds, but seeds lists {len(self.seeds)} "
+                             "(every variant trains those; the first look must be at len(seeds))")
+        if len(self.ablations) < 2:
+            raise ValueError("decide.looks: nothing to decide (ablations holds only the baseline)")
+        top = max(self.seeds)
+        more = set(range(top + 1, top + 1 + looks[-1] - len(self.seeds)))  # pipeline.deciding.rounds.seed_order
+        for name, run in runs.items():
+            if name != f"{run.variant}-{run.seed}":
+                raise ValueError(f"decide.runs.{name}: the key must be variant-seed ({run.variant}-{run.seed})")
+            if run.variant not in self.ablations:
+                raise ValueError(f"decide.runs.{name}: {run.variant!r} is not a variant in ablations")
+            if run.seed not in more:
+                raise ValueError(f"decide.runs.{name}: seed {run.seed} is not one the looks add after seeds "
+                                 f"({min(more)}..{max(more)})" if more else f"decide.runs.{name}: the looks add no seeds")
         return self
 
     @model_validator(mode="after")

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
 from pipeline.params import Params, ParamsError, ReportParams, knockout_seeds, load_params, stage_error
-from pipeline.reporting import sweeps
+from pipeline.reporting import decisions, sweeps
 from pipeline.reporting.claims import check_claims, claims_blocks, claims_summary
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
@@ -77,6 +77,7 @@ def render_report(
     download_metrics: Path | None = None,
     knockout_seeds: Sequence[int] = (), ablations: Mapping[str, Mapping | None] | None = None,
     seed_claims: Sequence[Mapping] = (),
+    decide: Mapping | None = None,
 ) -> list[RunFiles]:
     """Write report.md, report.html, figures/*.png, metrics.json, details.json, fingerprint.json and
     curves/ into `out_dir`.
@@ -94,6 +95,9 @@ def render_report(
     raw_meta = read_json(Path(raw_dir) / "meta.json", dict) if raw_dir else None
     manifest = read_json(Path(shards) / "manifest.json", dict) if shards else None
     results = compute_results(runs, variants, seeds, baseline, primary_metric)
+    # Seeds until decided (params decide): the rounds' record from the same runs, and its section.
+    decided = (decisions.record(runs, variants, decide["seeds"], baseline, results.primary, decide["looks"],
+                                decide["alpha"], decide["margin"]) if decide else None)
     plateau = unigram_plateau(runs)
     knockouts = load_knockouts(Path(evals_dir), baseline, knockout_seeds)  # {} when the stage is off
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
@@ -120,6 +124,7 @@ def render_report(
         colors = variant_colors(variants)
         blocks = (
             verdict_blocks(results, variants, baseline)
+            + (decisions.decision_blocks(decided) if decided else [])
             + delta_blocks(results, baseline, colors, tmp / "figures")
             + [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
             + claims_blocks(seed_claims, results, runs, seeds, baseline, filt)
@@ -158,6 +163,8 @@ def render_report(
         if reference:  # the reference beside our same quantity (benchmarks/gpu.py reads it)
             details["reference"] = reference_summary(results, baseline, reference, runs, seeds)
         (tmp / "details.json").write_text(json.dumps(details, indent=2) + "\n")
+        # What `bash run.sh decide` reads to add the next round's runs; a DVC output either way.
+        (tmp / "decisions.json").write_text(json.dumps(decided or {"off": True}, indent=2) + "\n")
         curve_tables(runs, tmp / "curves")
         trains = {key: run.train for key, run in runs.items()}
         (tmp / "fingerprint.json").write_text(json.dumps(fingerprint(runs_dir, variants, seeds, trains), indent=2) + "\n")
@@ -234,9 +241,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         params = _read_params(args.params)
         report = params.report
         knocked = knockout_seeds(params.knockout.seeds, params.seeds)
+        decide = params.decide
+        # With seeds until decided the runs are ragged: every variant has `seeds`, open ones more.
+        seeds = params.seeds + sorted({r.seed for r in decide.runs.values()})
         runs = render_report(
             args.runs, args.evals, args.filter_metrics,
-            variants=[str(v) for v in params.ablations], seeds=params.seeds,
+            variants=[str(v) for v in params.ablations], seeds=seeds,
             baseline=report.baseline,
             budget=budget(params.train.model_dump(exclude_unset=True)),  # as params.yaml states it
             out_dir=args.out_dir,
@@ -248,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             download_metrics=args.download_metrics,
             knockout_seeds=knocked, ablations=params.ablations,
             seed_claims=claims(params),
+            decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin}
+            if decide.looks else None,
         )
     except (ReportInputError, DiskFull) as e:
         raise stage_error("report", e) from None

@@ -1,0 +1,65 @@
+"""The report's record of a seeds-until-decided study (params decide.looks; pipeline.deciding).
+
+From the runs on disk: the primary metric per variant and seed, the rounds' record
+(pipeline.deciding.rounds.step: the looks each comparison took, its interval at the study's level,
+its verdict, the seeds it needs next), written to reports/decisions.json, which `bash run.sh decide`
+reads to add the next round's runs. The section says per comparison what was decided and how, and
+the runs spent beside the fixed design that runs every variant at the budget. Fixed-n p-values and
+power are not valid after adaptive stopping: the section says so, and the sequential verdict is the
+study's answer.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pipeline.deciding.rounds import fixed_design_runs, runs_spent, step
+from pipeline.deciding.rule import Plan
+from pipeline.reporting.formatting import fmt
+from pipeline.reporting.render import Block, Heading, Paragraph, Table
+from pipeline.reporting.stats import higher_is_better
+
+
+def record(runs: Mapping, variants: Sequence[str], seeds: Sequence[int], baseline: str, primary: str,
+           looks: Sequence[int], alpha: float, margin: float | None) -> dict:
+    """The rounds' record from the runs' eval.json (a run without the metric counts as not run)."""
+    results: dict[str, dict[int, float]] = {v: {} for v in variants}
+    for (variant, seed), run in runs.items():
+        value = (run.eval or {}).get(primary)
+        if variant in results and value is not None:
+            results[variant][int(seed)] = float(value)
+    plan = Plan(tuple(looks), alpha, margin, len(variants) - 1)
+    rec = step(results, plan, seeds, higher_is_better(primary), baseline=baseline)
+    rec["metric"] = primary
+    rec["runs_spent"] = runs_spent(rec)
+    rec["fixed_design_runs"] = fixed_design_runs(plan, len(variants) - 1)
+    return rec
+
+
+def decision_blocks(rec: Mapping) -> list[Block]:
+    plan = rec["plan"]
+    margin = plan.get("margin")
+    rows = []
+    for name, v in sorted(rec["variants"].items()):
+        last = v["looks"][-1] if v["looks"] else None
+        taken = ", ".join(str(look["n"]) for look in v["looks"]) or "none yet"
+        interval = f"[{fmt(last['lo'], 3)}, {fmt(last['hi'], 3)}]" if last else "—"
+        rows.append([name, taken, str(last["n"]) if last else "0", fmt(last["mean"], 3) if last else "—",
+                     interval, v["state"], str(v["runs"])])
+    level = plan["level"] if "level" in plan else 1 - plan["alpha"] / (plan["comparisons"] * len(plan["looks"]))
+    words = (f"Seeds until decided: each comparison with {rec['baseline']['name']} on {rec['metric']} was looked at "
+             f"when it had {', '.join(map(str, plan['looks']))} paired seeds, with a t-interval at level "
+             f"{level:.4f} (1 − α/(m·K), α {plan['alpha']}, m {plan['comparisons']} comparisons, K "
+             f"{len(plan['looks'])} looks): every interval below covers its Δ at once with probability ≥ "
+             f"{1 - plan['alpha']:.2f} however the looks turned out (pipeline/deciding/rule.py). worse/better: the "
+             "interval excludes 0; " + (f"equivalent: it lies inside (−{margin}, {margin}); " if margin else "")
+             + "undecided: the budget was spent first. Only open comparisons got more seeds.")
+    spent, fixed = rec["runs_spent"], rec["fixed_design_runs"]
+    cost = (f"Runs spent: {spent} (the baseline {rec['baseline']['runs']}), against {fixed} for the fixed design "
+            f"that runs every variant at the budget of {plan['looks'][-1]} seeds ({spent / fixed:.0%}).")
+    caveat = ("The p-values, intervals and power in Results are the fixed-n ones and are not valid after adaptive "
+              "stopping (a comparison stopped because its interval looked decided); this section's verdicts are the "
+              "study's answer.")
+    status = "" if rec["done"] else " Not finished: `bash run.sh decide` adds the runs still open comparisons need."
+    return [Heading("Seeds until decided"), Paragraph(words),
+            Table(["variant", "looks taken (n)", "n", "Δ", "interval", "verdict", "runs"], rows),
+            Paragraph(cost + status), Paragraph(caveat)]
