@@ -1,0 +1,130 @@
+"""Seeds until decided, the DVC side: params.yaml's decide block, the loop's params edit, the report's record."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.decide import add_runs, added_runs, with_runs
+from pipeline.params import ParamsError, load_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PARAMS = """\
+# a comment the loop must keep
+seeds: [0, 1, 2]
+ablations:
+  baseline: {}
+  single_head: {model: {n_heads: 1}}
+  no_residual: {model: {residual: false}}
+
+# Seeds until decided
+decide:
+  looks: [3, 5, 8]   # the looks' comment
+  alpha: 0.05
+  margin: 0.05
+  runs: {}  # written by the loop
+
+knockout:
+  seeds: all
+"""
+
+
+def write(tmp_path: Path, text: str = PARAMS) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_edit_adds_runs_and_keeps_every_other_line(tmp_path):
+    path = write(tmp_path)
+    add_runs(path, {"single_head-3": {"variant": "single_head", "seed": 3},
+                    "baseline-3": {"variant": "baseline", "seed": 3}})
+    text = path.read_text()
+    assert yaml.safe_load(text)["decide"]["runs"] == {"baseline-3": {"variant": "baseline", "seed": 3},
+                                                      "single_head-3": {"variant": "single_head", "seed": 3}}
+    kept = [line for line in PARAMS.splitlines() if "runs:" not in line]
+    assert all(line in text.splitlines() for line in kept)
+    add_runs(path, {"single_head-4": {"variant": "single_head", "seed": 4}})  # a second round adds, keeps the first
+    runs = load_params(path).decide.runs
+    assert sorted(runs) == ["baseline-3", "single_head-3", "single_head-4"]
+    again = path.read_text()
+    add_runs(path, {})
+    assert path.read_text() == again  # nothing to add: the same bytes
+
+
+def test_the_edit_appends_runs_to_a_decide_block_without_them(tmp_path):
+    text = PARAMS.replace("  runs: {}  # written by the loop\n", "")
+    out = with_runs(text, {"baseline-3": {"variant": "baseline", "seed": 3}})
+    assert yaml.safe_load(out)["decide"]["runs"] == {"baseline-3": {"variant": "baseline", "seed": 3}}
+    assert yaml.safe_load(out)["knockout"] == {"seeds": "all"}
+
+
+def test_a_run_the_schema_refuses_never_reaches_params_yaml(tmp_path):
+    path = write(tmp_path)
+    before = path.read_text()
+    with pytest.raises(ParamsError, match="decide.runs"):
+        add_runs(path, {"nope-3": {"variant": "nope", "seed": 3}})
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["params.yaml"]  # no temp file left
+
+
+@pytest.mark.parametrize("edit,match", [
+    (("looks: [3, 5, 8]", "looks: [2, 5, 8]"), "decide.looks: the first look is at 2 seeds"),
+    (("looks: [3, 5, 8]", "looks: [3, 8, 5]"), "decide.looks: .* must increase"),
+    (("runs: {}", "runs: {single_head-9: {variant: single_head, seed: 9}}"), "decide.runs.single_head-9: seed 9"),
+    (("runs: {}", "runs: {single_head-3: {variant: no_residual, seed: 3}}"), "the key must be variant-seed"),
+    (("runs: {}", "runs: {other-3: {variant: other, seed: 3}}"), "'other' is not a variant"),
+    (("looks: [3, 5, 8]", "looks: []"), None),
+])
+def test_the_decide_block_is_checked(tmp_path, edit, match):
+    path = write(tmp_path, PARAMS.replace(*edit))
+    if match is None:
+        assert load_params(path).decide.looks == []
+        return
+    with pytest.raises(ParamsError, match=match):
+        load_params(path)
+
+
+def test_runs_left_with_the_study_off_are_refused(tmp_path):
+    path = write(tmp_path, PARAMS.replace("looks: [3, 5, 8]", "looks: []").replace(
+        "runs: {}", "runs: {single_head-3: {variant: single_head, seed: 3}}"))
+    with pytest.raises(ParamsError, match="decide.runs: .* decide.looks is empty"):
+        load_params(path)
+
+
+def test_the_next_round_is_what_the_record_asks_for():
+    record = {"baseline": {"name": "baseline", "needs": [3, 4]},
+              "variants": {"single_head": {"needs": [3, 4]}, "no_residual": {"needs": []}}}
+    assert added_runs(record) == {"baseline-3": {"variant": "baseline", "seed": 3},
+                                  "baseline-4": {"variant": "baseline", "seed": 4},
+                                  "single_head-3": {"variant": "single_head", "seed": 3},
+                                  "single_head-4": {"variant": "single_head", "seed": 4}}
+
+
+def test_the_default_params_have_the_study_off():
+    params = load_params(ROOT / "params.yaml")
+    assert params.decide.looks == [] and params.decide.runs == {}
+
+
+def test_the_reports_record_decides_from_the_runs_eval_files():
+    from pipeline.reporting.decisions import decision_blocks, record
+    from pipeline.reporting.inputs import Run
+    from pipeline.reporting.render import to_markdown
+
+    def runs_for(values: dict[str, list[float]]) -> dict:
+        return {(v, s): Run(v, s, eval={"val_loss": x}) for v, xs in values.items() for s, x in enumerate(xs)}
+
+    # no_residual is far worse at 3 seeds; single_head is within noise: it needs the next look's seeds.
+    runs = runs_for({"baseline": [1.0, 1.1, 0.9], "no_residual": [5.0, 5.1, 4.9],
+                     "single_head": [1.01, 1.08, 0.93]})
+    rec = record(runs, ["baseline", "no_residual", "single_head"], [0, 1, 2], "baseline", "val_loss",
+                 [3, 5, 8], 0.05, None)
+    assert rec["variants"]["no_residual"]["state"] == "worse" and rec["variants"]["no_residual"]["needs"] == []
+    assert rec["variants"]["single_head"]["state"] == "continue" and rec["variants"]["single_head"]["needs"] == [3, 4]
+    assert rec["baseline"]["needs"] == [3, 4] and not rec["done"]
+    assert (rec["runs_spent"], rec["fixed_design_runs"]) == (9, 24)
+    text = to_markdown("t", decision_blocks(rec))
+    assert "Seeds until decided" in text and "not valid after adaptive stopping" in text
+    assert "| no_residual | 3 | 3 |" in text
