@@ -27,8 +27,8 @@ from pipeline.params import Params, ParamsError, load_params, resolve_variant
 
 SECTIONS = tuple(Params.model_fields)
 # Keys dvc.yaml's matrices read: DVC stops with "Could not find" when params.yaml lacks one.
-DVC_READS = ("seeds", "ablations", "lr_sweep", "scales", "knockout")
-OFF = {"lr_sweep": "[]", "knockout": "{seeds: []}"}  # how each sweep key is written when off
+DVC_READS = ("seeds", "ablations", "lr_sweep", "scales", "knockout", "decide")
+OFF = {"lr_sweep": "[]", "knockout": "{seeds: []}", "decide": "{runs: {}}"}  # how each sweep key is written when off
 
 
 def available(presets_dir: Path) -> list[str]:

@@ -128,3 +128,56 @@ def test_the_reports_record_decides_from_the_runs_eval_files():
     text = to_markdown("t", decision_blocks(rec))
     assert "Seeds until decided" in text and "not valid after adaptive stopping" in text
     assert "| no_residual | 3 | 3 |" in text
+
+
+@pytest.mark.repro
+@pytest.mark.kill
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tmp_path):
+    """`bash run.sh decide` on the tiny project: every variant trains `seeds`, open comparisons get the
+    next look's seeds as train_more stages; killed mid-round and started again, it ends with the same
+    record a plain `dvc repro` reproduces, and nothing left to run."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.tiny_project import copy_project, ran_stages, sh, tiny_params, write_params
+
+    project = tmp_path / "project"
+    env = {**copy_project(tiny_repo, project), "ABLATION_LAB_TRACKING": "0"}
+    params = tiny_params(seeds=[0, 1], decide={"looks": [2, 3, 4], "alpha": 0.05, "margin": None, "runs": {}})
+    write_params(project, params)
+    loop = [sys.executable, "-m", "pipeline.decide", "-j", "1"]
+    proc = subprocess.Popen(loop, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 600
+    started = project / "data" / "checkpoints" / "baseline-2"  # the second round's first run, training
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, f"the loop ended before a second round: {proc.stdout.read()}"
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-round: params.yaml has the added runs, not yet trained
+    proc.wait()
+    assert "baseline-2" in load_params(project / "params.yaml").decide.runs
+    assert not (project / "data" / "eval" / "baseline-2" / "eval.json").exists()
+    for _ in range(60):  # the killed launcher's guard ends its processes, then frees the workspace
+        done = subprocess.run(loop, cwd=project, env=env, capture_output=True, text=True, timeout=900)
+        if "another launcher" not in done.stdout + done.stderr:
+            break
+        time.sleep(0.5)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((project / "reports/decisions.json").read_text())
+    assert record["done"]
+    ran = {(v, s) for v, s in (name.rsplit("-", 1) for name in load_params(project / "params.yaml").decide.runs)}
+    for name, rec in record["variants"].items():  # only comparisons open after a look got its seeds
+        extra = sorted(int(s) for v, s in ran if v == name)
+        assert extra == list(range(2, 2 + len(extra)))
+        assert rec["runs"] == 2 + len(extra) and (rec["state"] != "undecided" or rec["runs"] == 4)
+    assert "Seeds until decided" in (project / "reports/report.md").read_text()
+    again = sh(["dvc", "repro"], project, env)
+    assert ran_stages(again.stdout) == set(), again.stdout  # the final params reproduce, nothing reruns
+    assert json.loads((project / "reports/decisions.json").read_text()) == record
+

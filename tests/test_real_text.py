@@ -180,6 +180,7 @@ def test_editing_a_local_file_makes_dvc_rerun_download(tmp_path):
         "data": {"source": "local", "local": {"task": "language_modeling",
                                               "paths": {"train": "data/local/stories.txt"}}},
         "seeds": [0], "ablations": {"baseline": {}}, "lr_sweep": [], "scales": {}, "knockout": {"seeds": []},
+        "decide": {"runs": {}},
         "report": {"baseline": "baseline"}}))  # dvc.yaml reads it for every knockout@<seed>, on or off
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 

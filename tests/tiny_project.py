@@ -26,6 +26,7 @@ TINY = {
     "lr_sweep": [],
     "scales": {},
     "knockout": {"seeds": []},
+    "decide": {"runs": {}},
 }
 
 
