@@ -123,12 +123,13 @@ def render_report(
         (tmp / "figures").mkdir(parents=True)
         colors = variant_colors(variants)
         blocks = (
-            verdict_blocks(results, variants, baseline)
+            (decisions.verdict_blocks(decided) if decided else verdict_blocks(results, variants, baseline))
             + (decisions.decision_blocks(decided) if decided else [])
             + delta_blocks(results, baseline, colors, tmp / "figures")
             + [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
             + claims_blocks(seed_claims, results, runs, seeds, baseline, filt)
-            + setup_blocks(runs, variants, seeds, baseline, budget, task)
+            + setup_blocks(runs, variants, seeds, baseline, budget, task,
+                           planned=decisions.planned_seeds(variants, decide["seeds"], decide["runs"]) if decide else None)
             + notes_blocks(notes, notes_data_digest, raw_meta, filt, manifest)
             + results_blocks(results, variants, baseline, runs, seeds)
             + loss_budget_blocks(runs)
@@ -258,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             download_metrics=args.download_metrics,
             knockout_seeds=knocked, ablations=params.ablations,
             seed_claims=claims(params),
-            decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin}
+            decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin,
+                    "runs": {k: r.model_dump() for k, r in decide.runs.items()}}
             if decide.looks else None,
         )
     except (ReportInputError, DiskFull) as e:

@@ -181,3 +181,29 @@ def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tm
     assert ran_stages(again.stdout) == set(), again.stdout  # the final params reproduce, nothing reruns
     assert json.loads((project / "reports/decisions.json").read_text()) == record
 
+
+
+def test_the_verdict_and_the_setup_follow_the_sequential_record():
+    from pipeline.reporting.decisions import planned_seeds, verdict_blocks
+    from pipeline.reporting.inputs import Run
+    from pipeline.reporting.render import to_markdown
+    from pipeline.reporting.tables import setup_blocks
+
+    rec = {"plan": {"looks": [3, 5], "alpha": 0.05, "margin": 0.1, "comparisons": 2}, "metric": "val_loss",
+           "baseline": {"name": "baseline"},
+           "variants": {"a": {"state": "worse", "looks": [{"n": 3, "mean": 1.0, "lo": 0.5, "hi": 1.5}]},
+                        "b": {"state": "equivalent", "looks": [{"n": 3, "mean": 0.0, "lo": -0.3, "hi": 0.3},
+                                                                {"n": 5, "mean": 0.01, "lo": -0.05, "hi": 0.07}]}}}
+    text = to_markdown("t", verdict_blocks(rec))
+    assert "a: val_loss ↓ Δ +1 (98.75% sequential interval [0.5, 1.5], 3 paired seeds, looks at 3): worse than baseline" in text
+    assert "looks at 3, 5): equivalent to baseline (inside ±0.1)" in text
+    assert "p " not in text  # no fixed-n p-value after adaptive stopping
+    planned = planned_seeds(["baseline", "a", "b"], [0, 1, 2], {"b-3": {"variant": "b", "seed": 3},
+                                                                "baseline-3": {"variant": "baseline", "seed": 3}})
+    assert planned == {"baseline": [0, 1, 2, 3], "a": [0, 1, 2], "b": [0, 1, 2, 3]}
+    runs = {(v, s): Run(v, s, train={"params_total": 10}, eval={"val_loss": 1.0}) for v, ss in planned.items() for s in ss}
+    runs[("a", 3)] = Run("a", 3)  # decided at the first look: never run, not missing
+    table = to_markdown("t", setup_blocks(runs, ["baseline", "a", "b"], [0, 1, 2, 3], "baseline", {}, None,
+                                          planned=planned))
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert "| 3/3 |" in rows["a"] and "run missing" not in rows["a"] and "| 4/4 |" in rows["b"]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from pipeline.deciding.rounds import fixed_design_runs, runs_spent, step
 from pipeline.deciding.rule import Plan
-from pipeline.reporting.formatting import fmt
+from pipeline.reporting.formatting import arrow, fmt
 from pipeline.reporting.render import Block, Heading, Paragraph, Table
 from pipeline.reporting.stats import higher_is_better
 
@@ -63,3 +63,34 @@ def decision_blocks(rec: Mapping) -> list[Block]:
     return [Heading("Seeds until decided"), Paragraph(words),
             Table(["variant", "looks taken (n)", "n", "Δ", "interval", "verdict", "runs"], rows),
             Paragraph(cost + status), Paragraph(caveat)]
+
+
+WORDS = {"worse": "worse than {b}", "better": "better than {b}", "equivalent": "equivalent to {b} (inside ±{m})",
+         "undecided": "undecided at the budget", "continue": "not decided yet"}
+
+
+def verdict_blocks(rec: Mapping) -> list[Block]:
+    """The report's first lines under seeds until decided: each comparison's sequential verdict, its
+    interval at the study's level and the seeds it took (the fixed-n test is not valid here)."""
+    plan, base, metric = rec["plan"], rec["baseline"]["name"], rec["metric"]
+    level = 1 - plan["alpha"] / (plan["comparisons"] * len(plan["looks"]))
+    lines = []
+    for name, v in sorted(rec["variants"].items()):
+        last = v["looks"][-1] if v["looks"] else None
+        words = WORDS[v["state"]].format(b=base, m=plan.get("margin"))
+        if last is None:
+            lines.append(f"{name}: {metric} {arrow(metric)}: {words} (no look yet).")
+            continue
+        lines.append(f"{name}: {metric} {arrow(metric)} Δ {last['mean']:+.3g} ({level:.2%} sequential interval "
+                     f"[{fmt(last['lo'], 3)}, {fmt(last['hi'], 3)}], {last['n']} paired seeds, looks at "
+                     f"{', '.join(str(look['n']) for look in v['looks'])}): {words}.")
+    return [Heading("Verdict"),
+            Paragraph(f"Each variant − {base} on the primary metric {metric}, paired by seed, decided by seeds until "
+                      "decided (the intervals hold together with probability ≥ "
+                      f"{1 - plan['alpha']:.2f}; Seeds until decided):"),
+            *[Paragraph(line) for line in lines]]
+
+
+def planned_seeds(variants: Sequence[str], seeds: Sequence[int], runs: Mapping[str, Mapping]) -> dict[str, list[int]]:
+    """Each variant's seeds under seeds until decided: `seeds`, then those decide.runs added to it."""
+    return {v: list(seeds) + sorted(int(r["seed"]) for r in runs.values() if r["variant"] == v) for v in variants}

@@ -31,8 +31,9 @@ def _params_total(runs: Mapping[tuple[str, int], Run], variant: str, seeds: Sequ
 
 
 def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: str | None,
-                 notes: Sequence[str] = ()) -> list[Block]:
-    """What was compared: task, seeds, baseline, budget, parameter counts and missing runs."""
+                 notes: Sequence[str] = (), planned: Mapping[str, Sequence[int]] | None = None) -> list[Block]:
+    """What was compared: task, seeds, baseline, budget, parameter counts and missing runs.
+    `planned`: each variant's own seeds (seeds until decided), where not every variant runs every seed."""
     budget_parts = [f"{k} = {fmt_int(v) if isinstance(v, (int, float)) else v}" for k, v in budget.items()]
     budget_text = (
         "Training budget per run (params.yaml train): " + "; ".join(budget_parts) + "."
@@ -45,9 +46,10 @@ def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: st
                         "trains on more tokens (Training cost).")
     rows = []
     for v in variants:
-        found = [s for s in seeds if not runs[(v, s)].missing]
+        own = list(planned[v]) if planned else list(seeds)
+        found = [s for s in own if not runs[(v, s)].missing]
         gaps = []
-        for s in seeds:
+        for s in own:
             run = runs[(v, s)]
             absent = [f for f, attr in zip(RUN_FILES, _RUN_FIELDS) if getattr(run, attr) is None]
             if run.missing:
@@ -56,7 +58,7 @@ def setup_blocks(runs, variants, seeds, baseline: str, budget: Mapping, task: st
                 gaps.append(f"seed {s}: no " + ", ".join(absent))
         if not found:
             gaps = ["all seeds: run missing"]
-        rows.append([v, _params_total(runs, v, seeds), f"{len(found)}/{len(seeds)}", "; ".join(gaps) or "none"])
+        rows.append([v, _params_total(runs, v, seeds), f"{len(found)}/{len(own)}", "; ".join(gaps) or "none"])
     norms = sorted({str(r.eval["normalization"]) for r in runs.values() if r.eval and r.eval.get("normalization")})
     return [
         Heading("Setup"),
