@@ -207,11 +207,11 @@ def to_csv(records: list[dict], metrics: list[str]) -> str:
     return buf.getvalue()
 
 
-def write_off(out: Path, seed: int, selection) -> None:
-    """The output of a seed knockout.seeds leaves out: off.json alone, which the report ignores."""
+def write_off(out: Path, seed: int, why: str) -> None:
+    """The output of a stage that knocks nothing out: off.json alone, which the report ignores."""
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
-        (tmp / OFF).write_text(json.dumps({"seed": seed, "off": f"knockout.seeds is {selection!r}: not this seed"}) + "\n")
+        (tmp / OFF).write_text(json.dumps({"seed": seed, "off": why}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,11 +222,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, required=True, help="the seed of --run: knocked out if knockout.seeds selects it")
     parser.add_argument("--run", required=True)
     parser.add_argument("--out", required=True)
+    # knockout_more (seeds until decided) has a stage per added run; only the baseline's knock out.
+    parser.add_argument("--variant", help="the variant of --run (default: report.baseline)")
     args = parser.parse_args(argv)
     try:
         params = load_params(args.params)
+        if args.variant is not None and args.variant != params.report.baseline:
+            write_off(Path(args.out), args.seed, f"{args.variant} is not report.baseline: nothing to knock out")
+            print(f"knockout: off ({args.variant} is not the baseline)")
+            return
         if not knocks_out(params.knockout.seeds, args.seed):
-            write_off(Path(args.out), args.seed, params.knockout.seeds)
+            write_off(Path(args.out), args.seed, f"knockout.seeds is {params.knockout.seeds!r}: not this seed")
             print(f"knockout@{args.seed}: off (knockout.seeds: {params.knockout.seeds})")
             return
         import torch

@@ -241,10 +241,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         params = _read_params(args.params)
         report = params.report
-        knocked = knockout_seeds(params.knockout.seeds, params.seeds)
         decide = params.decide
         # With seeds until decided the runs are ragged: every variant has `seeds`, open ones more.
         seeds = params.seeds + sorted({r.seed for r in decide.runs.values()})
+        knocked = knockout_seeds(params.knockout.seeds, params.seeds + sorted(
+            r.seed for r in decide.runs.values() if r.variant == params.report.baseline))
         runs = render_report(
             args.runs, args.evals, args.filter_metrics,
             variants=[str(v) for v in params.ablations], seeds=seeds,

@@ -149,7 +149,8 @@ def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tm
 
     project = tmp_path / "project"
     env = {**copy_project(tiny_repo, project), "ABLATION_LAB_TRACKING": "0"}
-    params = tiny_params(seeds=[0, 1], decide={"looks": [2, 3, 4], "alpha": 0.05, "margin": None, "runs": {}})
+    params = tiny_params(seeds=[0, 1], decide={"looks": [2, 3, 4], "alpha": 0.05, "margin": None, "runs": {}},
+                         knockout={"seeds": "all", "parts": ["heads"], "max_loss_tokens": 64})
     write_params(project, params)
     loop = [sys.executable, "-m", "pipeline.decide", "-j", "1"]
     proc = subprocess.Popen(loop, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -177,6 +178,9 @@ def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tm
         assert extra == list(range(2, 2 + len(extra)))
         assert rec["runs"] == 2 + len(extra) and (rec["state"] != "undecided" or rec["runs"] == 4)
     assert "Seeds until decided" in (project / "reports/report.md").read_text()
+    knocked = project / "data/eval/knockout"  # knock-outs follow the baseline's added seeds, not a variant's
+    assert (knocked / "baseline-2/knockout.json").is_file() and (knocked / "no_positional-2/off.json").is_file()
+    assert "seeds 0, 1, 2" in (project / "reports/report.md").read_text().split("## Knock-outs")[1][:600]
     again = sh(["dvc", "repro"], project, env)
     assert ran_stages(again.stdout) == set(), again.stdout  # the final params reproduce, nothing reruns
     assert json.loads((project / "reports/decisions.json").read_text()) == record
