@@ -10,7 +10,7 @@
 #                        process, under 2 minutes on 2 cores; no DVC repro, kill, browser or multi-process test
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
 #   bash run.sh decide   set up .venv, then run rounds until every ablation is decided (params decide;
-#                        pipeline/decide.py): only open comparisons get more seeds
+#                        pipeline/deciding/loop.py): only open comparisons get more seeds
 #   bash run.sh study P  set up .venv, then rerun preset P's committed study report from scratch
 #   bash run.sh gpu      on a CUDA machine: GPU tests, 124M benchmark, a preset on the GPU; one JSON
 #                        (scripts/gpu.sh; without CUDA it says so and exits 0 before any set-up)
@@ -38,6 +38,6 @@ case "${1:-repro}" in
     python -m pytest "$@" ;;
   bench) python -m benchmarks.model_speed && python -m benchmarks.train_loop ;;
   study) shift; bash scripts/study.sh "$@" ;;
-  decide) shift; python -m pipeline.decide "$@" ;;
+  decide) shift; python -m pipeline.deciding "$@" ;;
   *) echo "usage: bash run.sh [repro|test|bench|study|decide|gpu|setup] [args...]" >&2; exit 2 ;;
 esac

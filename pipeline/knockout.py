@@ -38,7 +38,7 @@ from pathlib import Path
 # torch, the model and the data readers are imported where a knock-out runs (run_knockouts, main):
 # a seed that knockout.seeds leaves out exits without them.
 from pipeline.atomic import atomic_path
-from pipeline.params import EvaluateParams, KnockoutParams, ParamsError, knocks_out, load_params, stage_error
+from pipeline.params import EvaluateParams, KnockoutParams, ParamsError, decided_run, knocks_out, load_params, stage_error
 
 STARTED_AT = time.time()  # the stage's start, before the heavy imports: MLflow shows the stage's duration
 
@@ -219,15 +219,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--shards", required=True)
     parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--seed", type=int, required=True, help="the seed of --run: knocked out if knockout.seeds selects it")
+    parser.add_argument("--seed", type=int, help="the seed of --run: knocked out if knockout.seeds selects it")
     parser.add_argument("--run", required=True)
     parser.add_argument("--out", required=True)
     # knockout_more (seeds until decided) has a stage per added run; only the baseline's knock out.
-    parser.add_argument("--variant", help="the variant of --run (default: report.baseline)")
+    parser.add_argument("--decided", help="a run of decide.runs instead of --seed (a variant's writes off.json)")
     args = parser.parse_args(argv)
+    if (args.decided is None) == (args.seed is None):
+        parser.error("give --seed or --decided")
     try:
         params = load_params(args.params)
-        if args.variant is not None and args.variant != params.report.baseline:
+        if args.decided is not None:
+            args.variant, args.seed = decided_run(params, args.decided)
+        else:
+            args.variant = params.report.baseline
+        if args.variant != params.report.baseline:
             write_off(Path(args.out), args.seed, f"{args.variant} is not report.baseline: nothing to knock out")
             print(f"knockout: off ({args.variant} is not the baseline)")
             return

@@ -241,7 +241,7 @@ class DecideParams(Section):
     # In the primary metric's units: |Δ| inside (-margin, margin) counts as "equivalent". Declare it
     # before the first run; None decides only the sign.
     margin: float | None = Field(None, gt=0)
-    # Written by `bash run.sh decide` (pipeline/decide.py), never by hand: the runs it added beyond
+    # Written by `bash run.sh decide` (pipeline/deciding/loop.py), never by hand: the runs it added beyond
     # `seeds`, `variant-seed: {variant, seed}`; dvc.yaml lays out a train_more / evaluate_more /
     # knockout_more stage for each.
     runs: dict[str, DecideRun] = {}
@@ -433,6 +433,14 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         return Params.model_validate(raw)
     except ValidationError as exc:
         raise ParamsError(_error_line(exc, str(path))) from exc
+
+
+def decided_run(params: Params, name: str) -> tuple[str, int]:
+    """The variant and seed of decide.runs[name] (a run `bash run.sh decide` added)."""
+    if name not in params.decide.runs:
+        raise ParamsError(f"decide.runs: no run named {name!r}")
+    run = params.decide.runs[name]
+    return run.variant, run.seed
 
 
 def merge_overrides(base: dict[str, Any], overrides: dict[str, Any], where: str = "") -> dict[str, Any]:

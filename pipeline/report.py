@@ -29,6 +29,7 @@ Design decisions:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
 from pipeline.params import Params, ParamsError, ReportParams, knockout_seeds, load_params, stage_error
+from pipeline.deciding.rounds import seed_order
 from pipeline.reporting import decisions, sweeps
 from pipeline.reporting.claims import check_claims, claims_blocks, claims_summary
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
@@ -267,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ReportInputError, DiskFull) as e:
         raise stage_error("report", e) from None
     log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
+    if decide.looks:  # MLflow tags each run with the round that added it
+        order = seed_order(params.seeds, decide.looks[-1])
+        runs = [dataclasses.replace(r, round=1 + sum(order.index(r.seed) >= n for n in decide.looks))
+                if r.seed in order else r for r in runs]
     data = run_data(params.data.model_dump(exclude_unset=True), args.shards, tracking_root() / "dvc.lock") \
         if args.shards else None
     summary = json.loads((args.out_dir / "details.json").read_text())  # MLflow's view: the same metrics

@@ -23,7 +23,7 @@ import torch
 
 from pipeline import cpu_numerics
 from pipeline.atomic import atomic_path
-from pipeline.params import ParamsError, load_params, model_config, resolve_variant, stage_error
+from pipeline.params import ParamsError, decided_run, load_params, model_config, resolve_variant, stage_error
 from pipeline.tracking import Tracker, git_revision, live_tracking, point_label
 from pipeline.training import trainer
 from pipeline.training.batching import lm_token_file, load_split, read_manifest
@@ -270,16 +270,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--shards", required=True)
-    parser.add_argument("--variant", required=True)
-    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--variant")
+    parser.add_argument("--seed", type=int)
+    # train_more (seeds until decided): a key of decide.runs, which names the variant and the seed.
+    parser.add_argument("--decided", help="a run of decide.runs instead of --variant and --seed")
     parser.add_argument("--out", required=True)
     parser.add_argument("--checkpoints", required=True)
     parser.add_argument("--lr", type=float, help="a point of lr_sweep: train at this learning rate")
     parser.add_argument("--scale", help="a key of scales: the baseline at that size, then the variant's diff")
     args = parser.parse_args(argv)
     point = {k: v for k, v in (("lr", args.lr), ("scale", args.scale)) if v is not None}
+    if (args.decided is None) == (args.variant is None or args.seed is None):
+        parser.error("give --variant and --seed, or --decided")
     try:
         params = load_params(args.params)
+        if args.decided is not None:
+            args.variant, args.seed = decided_run(params, args.decided)
         resolved = resolve_variant(params, args.variant, args.scale, args.lr)
         metrics = run(Path(args.shards), args.variant, args.seed, resolved, params.report.experiment,
                       Path(args.out), Path(args.checkpoints), point=point)

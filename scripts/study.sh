@@ -31,7 +31,7 @@ echo "$started $(date +%s.%N)" > "$scratch/clock"
 python -m pipeline.grid -j "${STUDY_JOBS:-auto}" ${STUDY_GRID_ARGS:-} --times "$scratch/stage_times.json" 2>&1 | tee "$scratch/repro.log"
 out=${STUDY_OUT:-$root/reports/studies/$name}
 rm -rf "$out.tmp" && mkdir -p "$out.tmp"
-cp -r reports/report.md reports/report.html reports/metrics.json reports/details.json reports/fingerprint.json reports/figures reports/curves params.yaml "$out.tmp/"
+cp -r reports/report.md reports/report.html reports/metrics.json reports/details.json reports/fingerprint.json reports/decisions.json reports/figures reports/curves params.yaml "$out.tmp/"
 python - "$out.tmp/run.json" "$scratch/stage_times.json" <<'PY'
 import json, os, platform, sys, torch
 path, times = sys.argv[1], json.load(open(sys.argv[2]))

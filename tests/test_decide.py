@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.decide import add_runs, added_runs, with_runs
+from pipeline.deciding.loop import add_runs, added_runs, with_runs
 from pipeline.params import ParamsError, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tm
     params = tiny_params(seeds=[0, 1], decide={"looks": [2, 3, 4], "alpha": 0.05, "margin": None, "runs": {}},
                          knockout={"seeds": "all", "parts": ["heads"], "max_loss_tokens": 64})
     write_params(project, params)
-    loop = [sys.executable, "-m", "pipeline.decide", "-j", "1"]
+    loop = [sys.executable, "-m", "pipeline.deciding", "-j", "1"]
     proc = subprocess.Popen(loop, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     deadline = time.monotonic() + 600

@@ -335,7 +335,7 @@ def test_a_build_folder_left_by_a_killed_report_is_removed_by_the_next(tmp_path)
     (out / ".report.md.abc.tmp").write_text("half")  # ... or while it was swapped in
     (out / "studies").mkdir()  # not the stage's: kept
     render(p, out)
-    assert sorted(q.name for q in out.iterdir()) == ["curves", "details.json", "figures", "fingerprint.json",
+    assert sorted(q.name for q in out.iterdir()) == ["curves", "decisions.json", "details.json", "figures", "fingerprint.json",
                                                     "metrics.json", "report.html", "report.md", "studies"]
 
 

@@ -105,6 +105,7 @@ class RunFiles:
     eval_dir: Path
     live_run_id: str | None = None  # set when the train stage mirrored live
     point: str = ""  # a sweep run's place, "lr=0.01" or "scale=wide"; "" for the main runs
+    round: int | None = None  # seeds until decided: the look that added the run (1: every variant's seeds)
 
     @property
     def name(self) -> str:
@@ -171,6 +172,8 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str, data: RunDa
             client.set_tag(run_id, "seed", str(run.seed))
             if run.point:
                 client.set_tag(run_id, POINT_TAG, run.point)
+            if run.round is not None:
+                client.set_tag(run_id, "round", str(run.round))
             current[(run.variant, str(run.seed), run.point)] = run_id
         except Exception as exc:  # noqa: BLE001 - e.g. a live run deleted or kept in another store
             log.warning("report: cannot link MLflow run %s of %s (%s)", run_id, run.name, type(exc).__name__)

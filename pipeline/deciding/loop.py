@@ -1,6 +1,6 @@
 """`bash run.sh decide`: run the study until every ablation is decided or the seed budget is spent.
 
-    python -m pipeline.decide [grid options, e.g. -j 2]
+    python -m pipeline.deciding [grid options, e.g. -j 2]   (bash run.sh decide)
 
 Params: decide.looks (seed counts, fixed before any run), decide.alpha, decide.margin
 (pipeline.params.DecideParams; the rule and its proof: pipeline.deciding.rule). Each round:
@@ -51,8 +51,8 @@ def with_runs(text: str, runs: Mapping[str, Mapping[str, object]]) -> str:
     body = lines[start + 1:end]
     at = next((i for i, line in enumerate(body) if re.match(r"  runs:", line)), None)
     entries = sorted(runs.items(), key=lambda kv: (kv[1]["seed"], kv[0]))
-    block = ["  runs:  # written by `bash run.sh decide` (pipeline/decide.py): the runs it added\n" if entries
-             else "  runs: {}  # written by `bash run.sh decide` (pipeline/decide.py): the runs it added\n"]
+    block = ["  runs:  # written by `bash run.sh decide` (pipeline/deciding/loop.py): the runs it added\n" if entries
+             else "  runs: {}  # written by `bash run.sh decide` (pipeline/deciding/loop.py): the runs it added\n"]
     block += [f"    {name}: {{variant: {r['variant']}, seed: {r['seed']}}}\n" for name, r in entries]
     if at is None:
         while body and not body[-1].strip():
@@ -111,6 +111,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         params = load_params(args.params)
     raise SystemExit(f"decide: still open after {args.max_rounds} rounds")
 
-
-if __name__ == "__main__":
-    sys.exit(main())
