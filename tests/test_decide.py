@@ -9,8 +9,6 @@ import yaml
 from pipeline.deciding.loop import add_runs, added_runs, with_runs
 from pipeline.params import ParamsError, load_params
 
-ROOT = Path(__file__).resolve().parents[1]
-
 PARAMS = """\
 # a comment the loop must keep
 seeds: [0, 1, 2]
@@ -104,7 +102,9 @@ def test_the_next_round_is_what_the_record_asks_for():
 
 
 def test_the_default_params_have_the_study_off():
-    params = load_params(ROOT / "params.yaml")
+    from tests.committed import DEFAULT_PARAMS
+
+    params = load_params(DEFAULT_PARAMS)
     assert params.decide.looks == [] and params.decide.runs == {}
 
 
