@@ -177,3 +177,25 @@ def test_warm_stage_costs_come_from_warm_studies_and_else_from_cold_ones(tmp_pat
     assert "as no study run warm timed them, report as run cold" in warm.describe()
     cold = study.fit_costs(folders, warm=False)
     assert cold.studies == ["tinystories_cpu"] and cold.per_stage["evaluate"] == pytest.approx(cold_only["evaluate"])
+
+
+def test_seeds_until_decided_costs_its_rounds_and_states_both_ends():
+    """decide.runs adds train_more / evaluate_more / knockout_more stages (the baseline's knocks out,
+    a variant's writes its marker); decide_bounds gives the study at the first look and at the budget."""
+    from pipeline.params import Params
+
+    base = load_params(DEFAULT_PARAMS)
+    params = Params.model_validate({**base.model_dump(), "decide": {
+        "looks": [3, 5], "runs": {"baseline-3": {"variant": "baseline", "seed": 3},
+                                   "single_head-3": {"variant": "single_head", "seed": 3}}}})
+    costs = study.StageCosts({**{f: 1.0 for f in study.FIXED}, "knockout": 5.0}, 2.0, ["toy"])
+    loops = {(v, None): 10.0 for v in params.ablations}
+    names = {s.name: s for s in study.study_stages(params, loops, costs)}
+    assert {"train_more@baseline-3", "evaluate_more@single_head-3", "knockout_more@single_head-3"} <= set(names)
+    assert names["knockout_more@baseline-3"].seconds == costs.per_stage["knockout"]  # knockout.seeds: all
+    assert names["knockout_more@single_head-3"].seconds < costs.per_stage["knockout"]  # its off marker
+    first, budget = study.decide_bounds(params)
+    n_first, n_budget = (len(study.study_stages(p, loops, costs)) for p in (first, budget))
+    assert n_first == len(study.study_stages(base, loops, costs))
+    assert n_budget - n_first == 3 * 2 * len(params.ablations)  # seeds 3 and 4 for every variant, 3 stages each
+    assert study.stage_counts(params)["train_more"] == 2 and study.decide_bounds(base) is None

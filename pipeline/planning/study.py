@@ -43,8 +43,8 @@ from pipeline.planning.estimate import PlanError
 
 DATA = ("check_params", "download", "filter", "train_bpe", "encode")
 FIXED = (*DATA, "evaluate", "knockout", "report")  # families timed per stage as measured
-TRAINS = ("train", "train_lr", "train_scale")
-EVALS = ("evaluate", "evaluate_lr", "evaluate_scale")
+TRAINS = ("train", "train_lr", "train_scale", "train_more")
+EVALS = ("evaluate", "evaluate_lr", "evaluate_scale", "evaluate_more")
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ def stage_counts(params: Params) -> dict[str, int]:
                                ("train_scale", "evaluate_scale", runs * len(params.scales))):
         counts[train] = counts[evaluate] = n
     counts["knockout"] = len(knockout_seeds(params.knockout.seeds, params.seeds))  # those that knock out
+    counts["train_more"] = counts["evaluate_more"] = len(params.decide.runs)  # seeds until decided's rounds
     return counts
 
 
@@ -180,8 +181,31 @@ def study_stages(params: Params, loop_s: dict[tuple[str, str | None], float], co
         cost = fixed["knockout"] if knocks_out(params.knockout.seeds, seed) else off
         stages.append(Stage(f"knockout@{seed}", "knockout", cost, (f"train@{params.report.baseline}-{seed}",)))
         ends.append(stages[-1].name)
+    # Seeds until decided: the runs the rounds so far added (decide.runs), each with its knock-out
+    # stage (the baseline's knocks out; a variant's writes its off marker).
+    for name, more in params.decide.runs.items():
+        run("train_more", name, loop_s[(more.variant, None)], "evaluate_more")
+        knocks = more.variant == params.report.baseline and knocks_out(params.knockout.seeds, more.seed)
+        stages.append(Stage(f"knockout_more@{name}", "knockout", fixed["knockout"] if knocks else off,
+                            (f"train_more@{name}",)))
+        ends.append(stages[-1].name)
     stages.append(Stage("report", "report", fixed["report"], tuple(ends)))
     return stages
+
+
+def decide_bounds(params: Params) -> tuple[Params, Params] | None:
+    """Seeds until decided: `params` as at the first look (no run added) and at the budget (every
+    variant at every seed of the looks), the two ends of what the study can cost; None when off."""
+    from pipeline.deciding.rounds import seed_order
+
+    looks = params.decide.looks
+    if not looks:
+        return None
+    extra = seed_order(params.seeds, looks[-1])[len(params.seeds):]
+    every = {f"{v}-{s}": {"variant": v, "seed": s} for s in extra for v in params.ablations}
+    first = params.model_copy(update={"decide": params.decide.model_copy(update={"runs": {}})})
+    budget = Params.model_validate({**params.model_dump(), "decide": {**params.decide.model_dump(), "runs": every}})
+    return first, budget
 
 
 def schedule(stages: list[Stage], jobs: int) -> float:
