@@ -66,7 +66,9 @@ def test_eight_processes_on_four_gpus_never_share_one_and_the_extra_four_wait(fa
     for r in got:
         by_gpu.setdefault(r["id"], []).append((r["acquired"], r["released"]))
         assert r["index"] == int(r["id"])  # no mask: cuda:i is GPU i
-    assert sorted(by_gpu) == ["0", "1", "2", "3"] and all(len(v) == 2 for v in by_gpu.values())
+    # Every GPU used, eight claims in all; not two each: a waiter that gets a GPU releases it at once,
+    # so under load one GPU can serve three waiters while another serves one (seen in CI).
+    assert sorted(by_gpu) == ["0", "1", "2", "3"] and sum(len(v) for v in by_gpu.values()) == 8
     for spans in by_gpu.values():
         (a0, r0), (a1, r1) = sorted(spans)
         assert r0 <= a1, "two processes held one GPU at the same time"
