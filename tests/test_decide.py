@@ -193,7 +193,8 @@ def test_the_verdict_and_the_setup_follow_the_sequential_record():
     from pipeline.reporting.render import to_markdown
     from pipeline.reporting.tables import setup_blocks
 
-    rec = {"plan": {"looks": [3, 5], "alpha": 0.05, "margin": 0.1, "comparisons": 2}, "metric": "val_loss",
+    rec = {"plan": {"looks": [3, 5], "alpha": 0.05, "margin": 0.1, "comparisons": 2, "level": 0.9875},
+           "metric": "val_loss",
            "baseline": {"name": "baseline"},
            "variants": {"a": {"state": "worse", "looks": [{"n": 3, "mean": 1.0, "lo": 0.5, "hi": 1.5}]},
                         "b": {"state": "equivalent", "looks": [{"n": 3, "mean": 0.0, "lo": -0.3, "hi": 0.3},

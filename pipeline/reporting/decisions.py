@@ -45,7 +45,7 @@ def decision_blocks(rec: Mapping) -> list[Block]:
         interval = f"[{fmt(last['lo'], 3)}, {fmt(last['hi'], 3)}]" if last else "—"
         rows.append([name, taken, str(last["n"]) if last else "0", fmt(last["mean"], 3) if last else "—",
                      interval, v["state"], str(v["runs"])])
-    level = plan["level"] if "level" in plan else 1 - plan["alpha"] / (plan["comparisons"] * len(plan["looks"]))
+    level = plan["level"]
     words = (f"Seeds until decided: each comparison with {rec['baseline']['name']} on {rec['metric']} was looked at "
              f"when it had {', '.join(map(str, plan['looks']))} paired seeds, with a t-interval at level "
              f"{level:.4f} (1 − α/(m·K), α {plan['alpha']}, m {plan['comparisons']} comparisons, K "
@@ -73,7 +73,7 @@ def verdict_blocks(rec: Mapping) -> list[Block]:
     """The report's first lines under seeds until decided: each comparison's sequential verdict, its
     interval at the study's level and the seeds it took (the fixed-n test is not valid here)."""
     plan, base, metric = rec["plan"], rec["baseline"]["name"], rec["metric"]
-    level = 1 - plan["alpha"] / (plan["comparisons"] * len(plan["looks"]))
+    level = plan["level"]
     lines = []
     for name, v in sorted(rec["variants"].items()):
         last = v["looks"][-1] if v["looks"] else None
