@@ -42,7 +42,7 @@ import torch
 from pipeline.params import load_params
 from pipeline.planning.calibration import Calibration, calibrate, reference_peak
 from pipeline.planning.estimate import PlanError, Row, plan, ram_bytes, read_manifest
-from pipeline.planning.study import decide_bounds, families, fit_costs, loop_slowdown, schedule, study_stages
+from pipeline.planning.study import decide_bounds, families, fit_costs, loop_slowdown, rounds_wall, study_stages
 
 # --device: (name in device.GPU_PEAK_BF16, memory in bytes from the vendor's data sheet).
 GPUS = {"h100": ("H100", 80 * 10**9), "a100": ("A100", 80 * 10**9), "4090": ("4090", 24 * 10**9)}
@@ -147,12 +147,14 @@ def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: in
     note = "" if facts["device"].startswith("cpu") else (
         " The stage costs are CPU studies' (no GPU study has timed its stages yet): a GPU's CUDA start-up and "
         "a GPU host's CPU speed are not in them, and --jobs stages are assumed not to slow each other's loops.")
-    out = {"jobs": jobs, "warm": warm, "wall_s": schedule(stages, jobs), "serial_s": schedule(serial, 1),
+    out = {"jobs": jobs, "warm": warm, "wall_s": rounds_wall(stages, params, jobs),
+           "serial_s": rounds_wall(serial, params, 1),
            "stages": len(stages), "loop_slowdown": slowdown, "families": families(serial), "costs": asdict(costs),
            "costs_source": costs.describe(), "note": note}
     if bounds := decide_bounds(params):  # seeds until decided: what the rounds can cost, both ends
         out["decide"] = {"budget_seeds": params.decide.looks[-1], **{
-            end: schedule(study_stages(p, loops, costs, slowdown), jobs) for end, p in zip(("first_look_s", "budget_s"), bounds)}}
+            end: rounds_wall(study_stages(p, loops, costs, slowdown), p, jobs)
+            for end, p in zip(("first_look_s", "budget_s"), bounds)}}
     return out
 
 

@@ -127,9 +127,9 @@ def render_report(
         blocks = (
             (decisions.verdict_blocks(decided) if decided else verdict_blocks(results, variants, baseline))
             + (decisions.decision_blocks(decided) if decided else [])
-            + delta_blocks(results, baseline, colors, tmp / "figures")
+            + delta_blocks(results, baseline, colors, tmp / "figures", decided)
             + [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
-            + claims_blocks(seed_claims, results, runs, seeds, baseline, filt)
+            + claims_blocks(seed_claims, results, runs, seeds, baseline, filt, decided)
             + setup_blocks(runs, variants, seeds, baseline, budget, task,
                            planned=decisions.planned_seeds(variants, decide["seeds"], decide["runs"]) if decide else None)
             + notes_blocks(notes, notes_data_digest, raw_meta, filt, manifest)
@@ -148,7 +148,8 @@ def render_report(
                if download_metrics is not None else [])
             + samples_blocks(runs, variants, seeds)
             + output_blocks(runs, variants, seeds)
-            + per_run_blocks(runs, variants, seeds, results.metrics)
+            + per_run_blocks(runs, variants, seeds, results.metrics,
+                             decisions.planned_seeds(variants, decide["seeds"], decide["runs"]) if decide else None)
         )
         (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
@@ -162,7 +163,7 @@ def render_report(
         if knockouts:
             details["knockout"] = knockout_summary(knockouts)
         if seed_claims:  # the seed study's claims beside ours, checked (absent without claims)
-            details["seed_claims"] = claims_summary(seed_claims, results, runs, seeds, baseline, filt)
+            details["seed_claims"] = claims_summary(seed_claims, results, runs, seeds, baseline, filt, decided)
         if reference:  # the reference beside our same quantity (benchmarks/gpu.py reads it)
             details["reference"] = reference_summary(results, baseline, reference, runs, seeds)
         (tmp / "details.json").write_text(json.dumps(details, indent=2) + "\n")

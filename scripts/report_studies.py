@@ -8,7 +8,8 @@ study committed before it existed has the same keys in its metrics.json),
 params.yaml (the params that made it: the reference point, seeds, variants) and run.json (the
 study's wall time, written by `bash run.sh study PRESET`). Each ablation's cell is the report's own
 verdict: Δ of the primary metric with its 95% interval, the uncorrected paired t-test and the
-verdict (pipeline.reporting.verdict), so the table and the report cannot disagree; report.md's
+verdict (pipeline.reporting.verdict; under seeds until decided, decisions.json's sequential
+verdict, as the report's), so the table and the report cannot disagree; report.md's
 degenerate-output flags (⚠) come along. The page keeps only the block between the markers; a test
 regenerates it and fails when a committed report changed and the page did not, or when a cell
 disagrees with its report's verdict.
@@ -67,6 +68,26 @@ def verdict_cell(name: str, s: dict, flagged: set[str]) -> str:
             + (" ⚠ degenerate outputs" if name in flagged else ""))
 
 
+def sequential_cells(record: dict, flagged: set[str]) -> list[str]:
+    """Seeds until decided (decisions.json): each comparison as the report's sequential verdict says
+    it, `single_head +0.0246 (99.75% sequential interval [-0.103, 0.153], 20 paired seeds, looks at
+    3, 5, 8, 12, 20, undecided at the budget)`; the fixed-n test is not valid after adaptive stopping."""
+    from pipeline.reporting.decisions import WORDS
+
+    plan, base = record["plan"], record["baseline"]["name"]
+    cells = []
+    for name, v in sorted(record["variants"].items()):
+        if not v["looks"]:
+            continue
+        last = v["looks"][-1]
+        words = WORDS[v["state"]].format(b=base, m=plan.get("margin")).replace(f" than {base}", "")
+        cells.append(f"{name} {last['mean']:+.3g} ({plan['level']:.2%} sequential interval [{fmt(last['lo'], 3)}, "
+                     f"{fmt(last['hi'], 3)}], {last['n']} paired seeds, looks at "
+                     f"{', '.join(str(look['n']) for look in v['looks'])}, {words})"
+                     + (" ⚠ degenerate outputs" if name in flagged else ""))
+    return cells
+
+
 def study_row(folder: Path, root: Path) -> str:
     metrics = read_details(folder)
     params = read_yaml((folder / "params.yaml").read_text())
@@ -90,19 +111,30 @@ def study_row(folder: Path, root: Path) -> str:
         val_loss += f"; unigram plateau {fmt(plateau)}, {abs(gap):.0f}% {'below' if gap >= 0 else 'above'}"
     primary = metrics.get("primary_metric") or "val_loss"  # reports before the key: val_loss
     flagged = degenerate(folder)
-    ablations = [verdict_cell(name, stats[primary], flagged) for name, stats in variants.items()
-                 if name != baseline and (stats.get(primary) or {}).get("delta") is not None]
+    decisions = folder / "decisions.json"
+    record = json.loads(decisions.read_text()) if decisions.is_file() else {"off": True}
+    if record.get("off"):
+        ablations = [verdict_cell(name, stats[primary], flagged) for name, stats in variants.items()
+                     if name != baseline and (stats.get(primary) or {}).get("delta") is not None]
+    else:  # seeds until decided: the sequential verdict is the report's
+        ablations = sequential_cells(record, flagged)
     run_file = folder / "run.json"
     wall = "—"
     if run_file.exists():
         run = json.loads(run_file.read_text())
         jobs, warm = run.get("jobs", 1), run.get("warm", False)  # older run.json: cold, the launcher's warm starts came later
+        launcher = ("`bash run.sh decide`" if run.get("command", "").startswith("python -m pipeline.deciding")
+                    else "`pipeline.grid`")
         how = ("`dvc repro`" if jobs == 1 and not warm else
-               f"`pipeline.grid` {'serial' if jobs == 1 else f'-j {jobs}'}, {'warm' if warm else 'cold'}")
+               f"{launcher} {'serial' if jobs == 1 else f'-j {jobs}'}, {'warm' if warm else 'cold'}"
+               + (f", {len(run['rounds'])} rounds" if run.get("rounds") else ""))
         wall = f"{_duration(run['wall_s'])} ({how}), {run['device']}, {run['cpu_count']} CPUs"
     # relative to the page, as a link in it must be
     link = f"[{folder.name}]({Path(os.path.relpath(folder / 'report.md', (root / PAGE).parent)).as_posix()})"
     runs = f"{len(variants)} × {len(params['seeds'])}"
+    if not record.get("off"):  # seeds until decided: the seeds the rounds took, and the runs in all
+        runs = (f"{len(variants)} × {len(params['seeds'])} to {record['plan']['looks'][-1]} "
+                f"({record['runs_spent']} runs)")
     flag = " ⚠ degenerate outputs" if baseline in flagged else ""
     verdict = f"{primary} {arrow(primary)}: " + "; ".join(ablations) if ablations else "—"
     return (f"| {link} | {runs} | {val_loss} | {main} {arrow(main)} {_summary(variants[baseline].get(main))}{flag} "
@@ -120,7 +152,8 @@ def render(root: Path) -> str:
     return "\n".join([
         BEGIN,
         "| study (report) | variants × seeds | baseline val_loss | baseline main metric "
-        "| the report's verdict: each ablation's Δ primary metric vs baseline (95% CI, paired t-test p, verdict) "
+        "| the report's verdict: each ablation's Δ primary metric vs baseline (95% CI, paired t-test p, verdict; "
+        "seeds until decided: its sequential interval, seeds and looks, verdict) "
         "| study wall (how it ran) |",
         "|---|---|---|---|---|---|",
         *rows,

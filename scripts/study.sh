@@ -27,8 +27,13 @@ python -m pipeline.preset "$name"
 # STUDY_GRID_ARGS passes --warm or --cold on. $scratch/clock holds the set-up's start and the
 # launcher's start (seconds since the epoch): benchmarks/gpu.py times launch to report.md from it.
 echo "$started $(date +%s.%N)" > "$scratch/clock"
+# A preset with decide.looks runs seeds until decided (`bash run.sh decide`: rounds of the grid, each
+# adding the seeds open comparisons need to params.yaml); its times are the rounds' summed.
+launcher=pipeline.grid
+python -c "import sys; from pipeline.params import load_params; sys.exit(not load_params('params.yaml').decide.looks)" \
+  && launcher=pipeline.deciding
 # shellcheck disable=SC2086  # STUDY_GRID_ARGS: words
-python -m pipeline.grid -j "${STUDY_JOBS:-auto}" ${STUDY_GRID_ARGS:-} --times "$scratch/stage_times.json" 2>&1 | tee "$scratch/repro.log"
+python -m $launcher -j "${STUDY_JOBS:-auto}" ${STUDY_GRID_ARGS:-} --times "$scratch/stage_times.json" 2>&1 | tee "$scratch/repro.log"
 out=${STUDY_OUT:-$root/reports/studies/$name}
 rm -rf "$out.tmp" && mkdir -p "$out.tmp"
 cp -r reports/report.md reports/report.html reports/metrics.json reports/details.json reports/fingerprint.json reports/decisions.json reports/figures reports/curves params.yaml "$out.tmp/"
@@ -39,6 +44,8 @@ device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu (
 # stage_s: seconds per stage family, summed over its stages; with jobs > 1 they overlap (busy time).
 run = {"wall_s": round(times["total_s"]), "command": times["command"], "jobs": times["jobs"], "warm": times["warm"],
        "cpu_count": os.cpu_count(), "device": device, "torch": torch.__version__, "stage_s": times["families"]}
+if "rounds" in times:  # seeds until decided: each round's wall (its grid run) and stages
+    run["rounds"] = times["rounds"]
 open(path, "w").write(json.dumps(run, indent=2) + "\n")
 PY
 rm -rf "$out" && mv "$out.tmp" "$out"

@@ -64,6 +64,45 @@ def test_a_direction_is_checked_by_our_verdict(study, variant, expect, status):
         assert r["low"] < 0 < r["high"] and "no significant difference" in r["reason"]
 
 
+def sequential(study, looks, margin):
+    from pipeline.reporting.decisions import record
+    return record(study[1], list(SHIFTS), SEEDS, "baseline", "val_loss", looks, 0.05, margin)
+
+
+@pytest.mark.parametrize("variant, expect, status", [
+    ("worse", "worse", AGREE),
+    ("better", "worse", CONTRADICT),
+    ("straddles", "worse", CONTRADICT),  # equivalent inside ±0.3: a finding against "worse"
+    ("straddles", "same", AGREE),
+    ("worse", "same", CONTRADICT),
+])
+def test_under_seeds_until_decided_the_sequential_verdict_checks_the_claim(study, variant, expect, status):
+    results, runs, filt = study
+    decided = sequential(study, [3], 0.3)
+    r = read_claim(claim(read="delta", variant=variant, metric="val_loss", expect=expect), results, runs, SEEDS,
+                   "baseline", filt, decided)
+    look = decided["variants"][variant]["looks"][-1]
+    assert r["status"] == status and "sequential" in r["reason"] and "sequential interval" in r["ours"]
+    assert (r["mean"], r["low"], r["high"]) == (look["mean"], look["lo"], look["hi"])
+    fixed = check(study, read="delta", variant=variant, metric="val_loss", expect=expect)
+    assert r["high"] - r["low"] > fixed["high"] - fixed["low"]  # the study's level is stricter than 95%
+
+
+def test_an_open_comparison_is_undecided_and_other_metrics_keep_the_fixed_test(study):
+    results, runs, filt = study
+    decided = sequential(study, [3, 5], None)  # no margin: straddles goes on to the next look
+    r = read_claim(claim(read="delta", variant="straddles", metric="val_loss", expect="worse"), results, runs, SEEDS,
+                   "baseline", filt, decided)
+    assert r["status"] == UNDECIDED and "not decided yet" in r["reason"]
+    ratio = read_claim(claim(read="ppl_ratio", variant="worse", expect="higher"), results, runs, SEEDS, "baseline",
+                       filt, decided)
+    assert ratio["status"] == AGREE and ratio["mean"] == pytest.approx(math.exp(decided["variants"]["worse"]
+                                                                                  ["looks"][-1]["mean"]))
+    other = read_claim(claim(read="delta", variant="worse", metric="test_loss", expect="worse"), results, runs, SEEDS,
+                       "baseline", filt, decided)
+    assert other == check(study, read="delta", variant="worse", metric="test_loss", expect="worse")
+
+
 def test_versus_compares_two_arms_that_both_differ_from_the_baseline(study):
     # e.g. the seed's no-positional run against its full model, both with its leaking mask
     r = check(study, read="delta", variant="worse", versus="better", metric="val_loss", expect="worse")

@@ -92,6 +92,20 @@ def test_runs_left_with_the_study_off_are_refused(tmp_path):
         load_params(path)
 
 
+def test_the_rounds_times_add_up_stage_by_stage():
+    from pipeline.deciding.loop import summed_times
+    one = {"command": "python -m pipeline.grid -j 2", "jobs": 2, "warm": True, "total_s": 10.0,
+           "before_first_stage_s": 1.5, "stages": {"train@baseline": 6.0, "report": 1.0},
+           "families": {"train": 6.0, "report": 1.0}, "retries": 0}
+    two = {**one, "total_s": 4.25, "before_first_stage_s": 0.5, "stages": {"train_more@baseline-3": 2.5, "report": 1.25},
+           "families": {"train_more": 2.5, "report": 1.25}, "retries": 1}
+    out = summed_times([one, two], "python -m pipeline.deciding -j 2")
+    assert out["total_s"] == 14.25 and out["before_first_stage_s"] == 1.5 and out["retries"] == 1
+    assert out["stages"] == {"train@baseline": 6.0, "report": 2.25, "train_more@baseline-3": 2.5}
+    assert out["families"] == {"train": 6.0, "report": 2.25, "train_more": 2.5}
+    assert out["rounds"] == [{"total_s": 10.0, "stages": 2}, {"total_s": 4.25, "stages": 2}]
+
+
 def test_the_next_round_is_what_the_record_asks_for():
     record = {"baseline": {"name": "baseline", "needs": [3, 4]},
               "variants": {"single_head": {"needs": [3, 4]}, "no_residual": {"needs": []}}}
@@ -164,8 +178,9 @@ def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tm
     proc.wait()
     assert "baseline-2" in load_params(project / "params.yaml").decide.runs
     assert not (project / "data" / "eval" / "baseline-2" / "eval.json").exists()
+    times = tmp_path / "times.json"  # scripts/study.sh's run.json reads the rounds' summed times
     for _ in range(60):  # the killed launcher's guard ends its processes, then frees the workspace
-        done = subprocess.run(loop, cwd=project, env=env, capture_output=True, text=True, timeout=900)
+        done = subprocess.run([*loop, "--times", str(times)], cwd=project, env=env, capture_output=True, text=True, timeout=900)
         if "another launcher" not in done.stdout + done.stderr:
             break
         time.sleep(0.5)
@@ -178,6 +193,10 @@ def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tm
         assert extra == list(range(2, 2 + len(extra)))
         assert rec["runs"] == 2 + len(extra) and (rec["state"] != "undecided" or rec["runs"] == 4)
     assert "Seeds until decided" in (project / "reports/report.md").read_text()
+    summed = json.loads(times.read_text())
+    assert summed["command"] == "python -m pipeline.deciding -j 1" and summed["rounds"]
+    assert summed["total_s"] == pytest.approx(sum(r["total_s"] for r in summed["rounds"]), abs=0.05)
+    assert summed["stages"] and summed["families"]["report"] > 0
     knocked = project / "data/eval/knockout"  # knock-outs follow the baseline's added seeds, not a variant's
     assert (knocked / "baseline-2/knockout.json").is_file() and (knocked / "no_positional-2/off.json").is_file()
     assert "seeds 0, 1, 2" in (project / "reports/report.md").read_text().split("## Knock-outs")[1][:600]
@@ -212,3 +231,27 @@ def test_the_verdict_and_the_setup_follow_the_sequential_record():
                                           planned=planned))
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
     assert "| 3/3 |" in rows["a"] and "run missing" not in rows["a"] and "| 4/4 |" in rows["b"]
+    from pipeline.reporting.tables import per_run_blocks
+    per_run = to_markdown("t", per_run_blocks(runs, ["baseline", "a", "b"], [0, 1, 2, 3], ["val_loss"], planned))
+    listed = [line.split(" | ")[:2] for line in per_run.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert ["| a", "3"] not in listed and ["| b", "3"] in listed and len(listed) == 11  # the runs made, no more
+
+
+def test_the_delta_figure_draws_the_sequential_intervals(tmp_path, monkeypatch):
+    from pipeline.reporting import figures, plots
+    from pipeline.reporting.results import Results
+    from pipeline.reporting.stats import Delta
+
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_deltas", lambda panels, *_: drawn.update(panels=panels))
+    fixed = Delta(5, 0.02, 0.01, 0.01, "worse")  # what a fixed-n test over every seed would say
+    results = Results(primary="val_loss", main_metric="bleu", metrics=["val_loss", "bleu"], summaries={},
+                      deltas={"b": {"val_loss": fixed, "bleu": fixed}})
+    rec = {"plan": {"looks": [3, 5], "alpha": 0.05, "margin": 0.1, "comparisons": 1, "level": 0.975},
+           "metric": "val_loss", "variants": {"b": {"state": "equivalent", "looks": [
+               {"n": 3, "mean": 0.0, "lo": -0.3, "hi": 0.3}, {"n": 5, "mean": 0.01, "lo": -0.05, "hi": 0.07}]}}}
+    [fig] = figures.delta_blocks(results, "baseline", {}, tmp_path, rec)
+    (primary, _, seq), (secondary, _, kept) = drawn["panels"]
+    assert primary == "val_loss" and seq["b"] == Delta(5, 0.01, pytest.approx(0.06), None, "equivalent (n=5)")
+    assert secondary == "bleu" and kept["b"] is fixed
+    assert "sequential interval at level 0.9750" in fig.caption and "not valid after adaptive stopping" in fig.caption

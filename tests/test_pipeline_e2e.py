@@ -112,3 +112,16 @@ def test_run_sh_study_reruns_a_preset_in_scratch_and_commits_its_report(tmp_path
     sh(["bash", "scripts/study.sh", "tiny"], project, {**env, "STUDY_OUT": str(elsewhere)})
     assert (elsewhere / "run.json").is_file() and (elsewhere / "metrics.json").is_file()
     assert page.read_text().count("| [tiny]") == 1
+
+    # A preset with decide.looks runs seeds until decided: the rounds' record and their walls.
+    decide = {**copy.deepcopy(TINY), "seeds": [0, 1], "decide": {"looks": [2, 3], "alpha": 0.05, "runs": {}}}
+    (project / "presets" / "tiny_decide.yaml").write_text(yaml.safe_dump(decide, sort_keys=False))
+    decided = tmp_path / "decided"
+    out = sh(["bash", "scripts/study.sh", "tiny_decide"], project, {**env, "STUDY_OUT": str(decided)}).stdout
+    assert "decide: done after" in out
+    run, record = (json.loads((decided / f).read_text()) for f in ("run.json", "decisions.json"))
+    assert run["command"].startswith("python -m pipeline.deciding") and record["done"]
+    assert len(run["rounds"]) == 1 + bool(record["baseline"]["runs"] > 2)  # a second round where one was open
+    assert run["wall_s"] == round(sum(r["total_s"] for r in run["rounds"]))
+    ran = yaml.safe_load((decided / "params.yaml").read_text())["decide"]["runs"]
+    assert len(ran) == record["runs_spent"] - 4  # every run the rounds added is in the committed params

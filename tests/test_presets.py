@@ -147,6 +147,8 @@ def shrink(params: dict, source_options: dict, cache: Path) -> dict:
         # Knock-outs stay as the preset has them (knockout.seeds follows seeds): on for the one seed kept.
         "seeds": params["seeds"][:1],
     }
+    if params.get("decide", {}).get("looks"):  # seeds until decided needs its first look's seeds: off at one
+        tiny["decide"] = {"looks": [], "runs": {}}
     if params["train_bpe"]["model_type"] == "bpe":
         tiny["train_bpe"] = {"vocab_size": 150}
     deep_update(params, tiny)

@@ -125,6 +125,10 @@ VERDICT = re.compile(r"^(\S+): (\S+) [↓↑] Δ (\S+) \((95% CI \[[^\]]+\]|no i
                      r"p ([^)]+)\): (.+)\.$")
 
 
+SEQUENTIAL = re.compile(r"^(\S+): (\S+) [↓↑] Δ (\S+) \(([\d.]+% sequential interval \[[^\]]+\]), (\d+) paired "
+                        r"seeds, looks at ([^)]+)\): (.+)\.$")
+
+
 def test_every_cell_says_what_its_reports_verdict_says():
     """Each committed report's verdict lines, parsed from report.md, against its row of the docs table."""
     table = (ROOT / report_studies.PAGE).read_text().replace("\\|", "|")
@@ -134,6 +138,16 @@ def test_every_cell_says_what_its_reports_verdict_says():
         lines = [m for m in map(VERDICT.match, report.read_text(encoding="utf-8").split("\n## Setup")[0].splitlines())
                  if m]
         cell = row.split(" | ")[4]
+        sequential = [m for m in map(SEQUENTIAL.match, report.read_text(encoding="utf-8").split("\n## Setup")[0]
+                                     .splitlines()) if m]
+        for name, metric, delta, interval, n, looks, words in (m.groups() for m in sequential):
+            for word in ("better", "worse"):
+                words = word if words == f"{word} than {baseline}" else words
+            assert cell.startswith(f"{metric} "), report
+            assert f"{name} {delta} ({interval}, {n} paired seeds, looks at {looks}, {words})" in cell, (report, name)
+        if sequential:  # seeds until decided: no fixed-n verdict in the table
+            assert " (95% CI" not in cell and cell.count("sequential interval") == len(sequential), report
+            continue
         assert cell.count(" (95% CI") + cell.count(" (no interval") == len(lines), report
         for name, metric, delta, ci, p, words in (m.groups() for m in lines):
             for word in ("better", "worse"):

@@ -13,6 +13,9 @@ DVC turns each added entry into train_more / evaluate_more stages; nothing alrea
 kill anywhere is safe: run the command again and the grid picks up what is missing, and the record
 is recomputed from the results, so it is the same however many rounds or restarts it took. At the
 end `dvc repro` on the final params.yaml reruns nothing and reproduces the same record.
+
+--times FILE: the grid's stage times (python -m pipeline.grid --times) summed over this command's
+rounds, each round's wall beside them (scripts/study.sh writes a study's run.json from it).
 """
 from __future__ import annotations
 
@@ -77,11 +80,29 @@ def add_runs(params_path: Path, runs: Mapping[str, Mapping[str, object]]) -> Non
         load_params(tmp)  # a run the schema refuses never reaches params.yaml
 
 
+def summed_times(rounds: Sequence[Mapping], command: str) -> dict:
+    """One times record (pipeline.grid's --times format, spans left out) for rounds run one after
+    another: walls and stage seconds add up; `rounds` keeps each round's wall and stage count."""
+    stages: dict[str, float] = {}
+    families: dict[str, float] = {}
+    for times in rounds:
+        for key, into in (("stages", stages), ("families", families)):
+            for name, seconds in times[key].items():
+                into[name] = round(into.get(name, 0.0) + seconds, 2)
+    return {"command": command, "jobs": rounds[0]["jobs"], "warm": rounds[0]["warm"],
+            "total_s": round(sum(t["total_s"] for t in rounds), 2),
+            "before_first_stage_s": rounds[0]["before_first_stage_s"], "stages": stages, "families": families,
+            "retries": sum(t["retries"] for t in rounds),
+            "rounds": [{"total_s": t["total_s"], "stages": len(t["stages"])} for t in rounds]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--max-rounds", type=int, default=100, help="a guard, never reached by a valid plan")
+    parser.add_argument("--times", type=Path, help="write the rounds' stage times, summed, here (grid's format)")
     args, grid_args = parser.parse_known_args(argv)
+    rounds: list[dict] = []
     try:
         params = load_params(args.params)
     except ParamsError as e:
@@ -93,9 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for round_ in range(args.max_rounds):
         print(f"decide: round {round_ + 1}: {len(params.seeds)} seeds for every variant, "
               f"{len(params.decide.runs)} runs added", flush=True)
-        code = subprocess.call([sys.executable, "-m", "pipeline.grid", *grid_args], env=os.environ)
+        times = [] if args.times is None else ["--times", str(args.times.with_suffix(".round.json"))]
+        code = subprocess.call([sys.executable, "-m", "pipeline.grid", *grid_args, *times], env=os.environ)
         if code != 0:
             return code
+        if args.times is not None:  # written after every round: a kill keeps the rounds finished
+            rounds.append(json.loads(args.times.with_suffix(".round.json").read_text(encoding="utf-8")))
+            command = rounds[0]["command"].replace("pipeline.grid", "pipeline.deciding")
+            with atomic_path(args.times) as tmp:
+                tmp.write_text(json.dumps(summed_times(rounds, command), indent=2) + "\n")
         record = json.loads(RECORD.read_text(encoding="utf-8"))
         if record.get("off"):
             raise SystemExit(f"decide: {RECORD} says decide is off: the report stage read other params")

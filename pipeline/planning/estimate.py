@@ -248,7 +248,8 @@ def plan(params: Params, manifest: dict | None, device: str, peak: float, time, 
                 seconds = time.cpu_seconds(steps, n, act, flops, peak)
             else:
                 seconds = max(flops / (peak * time.mfu), steps * n * time.sublayer_s)
+            added = sum(1 for r in params.decide.runs.values() if r.variant == variant)  # seeds until decided
             rows.append(Row(variant, scale, model.param_counts()["total"], per_token, tokens, steps,
-                            per_point if scale is None else len(params.seeds), seconds, mem,
+                            per_point + added if scale is None else len(params.seeds), seconds, mem,
                             mem["total"] <= capacity))
     return rows, why

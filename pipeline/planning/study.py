@@ -28,13 +28,18 @@ seconds, scheduled on `jobs` slots as the grid launcher runs them.
   sum, what a serial `dvc repro` takes.
 - On a CPU the slots share the cores: a training loop of `threads` threads runs
   max(1, jobs x threads / cores) times as long (the fixed costs, mostly one thread, do not).
+- Seeds until decided (decide.runs): the rounds run one after another, each a grid run that ends
+  with the report, so the wall is the sum of the rounds' schedules. Round 1 is the
+  study at its first look; a run decide.runs added belongs to the round of its look (its seed's
+  place in the seed order); every later round reruns check_params (params.yaml changed) and the
+  report besides its runs (rounds_wall).
 """
 from __future__ import annotations
 
 import heapq
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.params import Params, knocks_out, knockout_seeds, load_params
@@ -104,14 +109,17 @@ def measured_study(folder: Path) -> dict | None:
     if not run.get("stage_s") or run.get("jobs", 1) != 1 or not run.get("device", "cpu").startswith("cpu"):
         return None  # serial CPU studies only: stages side by side or on a GPU cost something else
     stage_s, counts = run["stage_s"], stage_counts(load_params(folder / "params.yaml"))
+    counts["check_params"] = counts["report"] = len(run.get("rounds") or [0])  # once per round (decide)
+    # knockout_more (seeds until decided) is a family of its own in stage_s, mostly off markers: not used.
     out = {f: stage_s[f] / counts[f] for f in (*DATA, "knockout", "report") if counts[f] and f in stage_s}
     out["warm"] = bool(run.get("warm"))
     evals = sum(counts[f] for f in EVALS if f in stage_s)
     if evals:
         out["evaluate"] = sum(stage_s[f] for f in EVALS if f in stage_s) / evals
     loops = measured_loops(folder / "report.md")
-    if "train" in stage_s and len(loops) == counts["train"]:
-        out["train_fixed"] = (stage_s["train"] - sum(loops)) / counts["train"]
+    trains = counts["train"] + counts["train_more"]  # the per-run table lists the added runs too
+    if "train" in stage_s and len(loops) == trains:
+        out["train_fixed"] = (stage_s["train"] + stage_s.get("train_more", 0.0) - sum(loops)) / trains
     return out
 
 
@@ -206,6 +214,43 @@ def decide_bounds(params: Params) -> tuple[Params, Params] | None:
     first = params.model_copy(update={"decide": params.decide.model_copy(update={"runs": {}})})
     budget = Params.model_validate({**params.model_dump(), "decide": {**params.decide.model_dump(), "runs": every}})
     return first, budget
+
+
+def rounds(stages: list[Stage], params: Params) -> list[list[Stage]]:
+    """The stages of each round of seeds until decided, in order (one round when decide.runs is
+    empty): round 1 every stage but the added runs'; a later round its added runs' stages, with
+    check_params and the report rerun (module docstring). Dependencies on an earlier round are met."""
+    from pipeline.deciding.rounds import seed_order
+
+    runs = params.decide.runs
+    if not runs:
+        return [stages]
+    looks = params.decide.looks
+    place = {s: i for i, s in enumerate(seed_order(params.seeds, looks[-1]))}
+    of = {name: max(1, sum(1 for n in looks if n <= place[r.seed])) for name, r in runs.items()}
+    out: list[list[Stage]] = [[] for _ in range(max(of.values()) + 1)]
+    for stage in stages:
+        out[of.get(stage.name.partition("@")[2], 0) if stage.family in ("train_more", "evaluate_more")
+            or stage.name.startswith("knockout_more@") else 0].append(stage)
+    by_name = {s.name: s for s in stages}
+    for later in out[1:]:
+        if later:
+            later[:0] = [by_name["check_params"]]
+            later.append(by_name["report"])
+    kept = []
+    for k, r in enumerate(out):
+        names = {s.name for s in r}
+        deps = {s.name: tuple(d for d in s.deps if d in names) for s in r}
+        if k:  # a later round's runs wait for check_params, as their data stages (up to date) do
+            deps = {n: d or (("check_params",) if n != "check_params" else ()) for n, d in deps.items()}
+        if r:
+            kept.append([replace(s, deps=deps[s.name]) for s in r])
+    return kept
+
+
+def rounds_wall(stages: list[Stage], params: Params, jobs: int) -> float:
+    """The study's wall on `jobs` slots: one schedule, or the rounds' schedules one after another."""
+    return sum(schedule(r, jobs) for r in rounds(stages, params))
 
 
 def schedule(stages: list[Stage], jobs: int) -> float:

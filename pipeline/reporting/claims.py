@@ -87,8 +87,19 @@ def _inside(value: float | None, low_high: tuple[float, float] | None) -> str:
     return f"; the seed's {fmt(value)} is {where} it"
 
 
+def _sequential(decided: Mapping | None, variant: str, versus: str, baseline: str, metric: str) -> dict | None:
+    """The record's last look at `variant` (n, mean, lo, hi, verdict) when the claim is one the record
+    decides: Δ of the primary metric against the baseline; else None."""
+    if not decided or versus != baseline or metric != decided.get("metric"):
+        return None
+    v = decided["variants"].get(variant)
+    if not v or not v["looks"]:
+        return None
+    return {**v["looks"][-1], "state": v["state"]}
+
+
 def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int], baseline: str,
-               filter_metrics: Mapping | None) -> dict:
+               filter_metrics: Mapping | None, decided: Mapping | None = None) -> dict:
     """Our number on the claim's quantity and the check: {"ours": text, "status", "reason",
     "mean", "low", "high", "n"} (numbers None where absent)."""
     read, variant, metric = claim["read"], claim.get("variant"), claim.get("metric")
@@ -103,6 +114,9 @@ def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[
     if read in ("delta", "ppl_ratio"):
         metric = metric or "val_loss"
         d = _delta(results, runs, seeds, variant, versus, baseline, metric)
+        seq = _sequential(decided, variant, versus, baseline, metric)
+        if seq is not None:
+            return _read_sequential(claim, read, seq, decided, out)
         if d is None or d.mean is None:
             return {**out, "reason": f"no Δ {metric} of {variant} vs {versus} in this study's runs"}
         source = DERIVED.get(metric) if metric != results.primary else None
@@ -169,6 +183,40 @@ def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[
     return {**out, "status": status, "reason": reason}
 
 
+def _read_sequential(claim: Mapping, read: str, seq: Mapping, decided: Mapping, out: dict) -> dict:
+    """read_claim under seeds until decided: the record's verdict and interval, not the fixed-n test."""
+    plan = decided["plan"]
+    mean, low, high, state = seq["mean"], seq["lo"], seq["hi"], seq["state"]
+    words = {"continue": "not decided yet", "undecided": "undecided at the budget",
+             "equivalent": f"equivalent (inside ±{plan.get('margin')})"}.get(state, state)
+    interval = f"{plan['level']:.2%} sequential interval"
+    if read == "delta":
+        ours = f"Δ {mean:+.3g} ({interval} [{fmt(low, 3)}, {fmt(high, 3)}], {seq['n']} paired seeds): {words}"
+    else:
+        mean, low, high = math.exp(mean), math.exp(low), math.exp(high)
+        ours = (f"ratio {fmt(mean)} ({interval} [{fmt(low, 3)}, {fmt(high, 3)}]; exp of Δ {decided['metric']} "
+                f"{seq['mean']:+.3g}, {seq['n']} paired seeds): {words}")
+    if claim.get("seed_value") is not None:
+        ours += _inside(claim["seed_value"], (low, high))
+    out = {**out, "ours": ours, "mean": mean, "low": low, "high": high, "n": seq["n"]}
+    if not claim.get("comparable", True):
+        return {**out, "reason": "not the same quantity as the seed's (comparable: false)"}
+    expect = claim.get("expect")
+    if read == "ppl_ratio":
+        expect = {"higher": "worse", "lower": "better"}.get(expect, expect)
+    if state in ("continue", "undecided"):
+        status, reason = UNDECIDED, f"seeds until decided: {words}"
+    elif state == "equivalent":
+        status = AGREE if expect == "same" else CONTRADICT
+        reason = f"our sequential verdict: {words}, the seed's: {claim.get('expect')}"
+    elif expect == "same":
+        status, reason = CONTRADICT, f"our sequential verdict: {state}"
+    else:
+        status = AGREE if state == expect else CONTRADICT
+        reason = f"our sequential verdict: {state}, the seed's: {claim.get('expect')}"
+    return {**out, "status": status, "reason": reason}
+
+
 def _check(claim: Mapping, read: str, direction: str | None, mean: float,
            low_high: tuple[float, float] | None) -> tuple[str, str]:
     expect, tol = claim.get("expect"), claim.get("tolerance")
@@ -198,13 +246,13 @@ def _check(claim: Mapping, read: str, direction: str | None, mean: float,
 
 
 def claims_blocks(claims: Sequence[Mapping], results: Results, runs: Mapping, seeds: Sequence[int],
-                  baseline: str, filter_metrics: Mapping | None) -> list[Block]:
+                  baseline: str, filter_metrics: Mapping | None, decided: Mapping | None = None) -> list[Block]:
     """The "Seed's claims" section: one row per claim, ours beside the seed's; [] without claims."""
     if not claims:
         return []
     rows, counts = [], {}
     for c in claims:
-        r = read_claim(c, results, runs, seeds, baseline, filter_metrics)
+        r = read_claim(c, results, runs, seeds, baseline, filter_metrics, decided)
         counts[r["status"]] = counts.get(r["status"], 0) + 1
         rows.append([c["claim"], c["seed_says"], c["quantity"], r["ours"], f"{r['status']}: {r['reason']}",
                      c["why"]])
@@ -216,18 +264,21 @@ def claims_blocks(claims: Sequence[Mapping], results: Results, runs: Mapping, se
                   "direction agrees when our test finds it (95% interval clear of no difference), contradicts "
                   "when it finds the other, is undecided when the interval holds no difference; a value agrees "
                   "when our whole interval lies within the seed's number ± the claim's tolerance; cannot check "
-                  "here when the quantity is absent or not the seed's."),
+                  "here when the quantity is absent or not the seed's."
+                  + (" Under seeds until decided a Δ of the primary metric against the baseline is checked by "
+                     "the sequential verdict and its interval (Seeds until decided), not the fixed-n test."
+                     if decided else "")),
         Table(["claim (the seed's words)", "the seed", "quantity", "ours", "check", "why"], rows,
               "The seed's claims, checked"),
     ]
 
 
 def claims_summary(claims: Sequence[Mapping], results: Results, runs: Mapping, seeds: Sequence[int],
-                   baseline: str, filter_metrics: Mapping | None) -> list[dict]:
+                   baseline: str, filter_metrics: Mapping | None, decided: Mapping | None = None) -> list[dict]:
     """details.json's "seed_claims": each claim's reading and check."""
     out = []
     for c in claims:
-        r = read_claim(c, results, runs, seeds, baseline, filter_metrics)
+        r = read_claim(c, results, runs, seeds, baseline, filter_metrics, decided)
         out.append({"claim": c["claim"], **{k: c.get(k) for k in ("read", "variant", "versus", "metric", "seed_value")},
                     **{k: r[k] for k in ("status", "mean", "low", "high", "n")}})
     return out

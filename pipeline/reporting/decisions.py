@@ -56,9 +56,10 @@ def decision_blocks(rec: Mapping) -> list[Block]:
     spent, fixed = rec["runs_spent"], rec["fixed_design_runs"]
     cost = (f"Runs spent: {spent} (the baseline {rec['baseline']['runs']}), against {fixed} for the fixed design "
             f"that runs every variant at the budget of {plan['looks'][-1]} seeds ({spent / fixed:.0%}).")
-    caveat = ("The p-values, intervals and power in the Δ figure and in Results are the fixed-n ones and are not "
-              "valid after adaptive stopping (a comparison stopped because its interval looked decided); this section's verdicts are the "
-              "study's answer.")
+    caveat = ("The p-values, intervals and power in Results (and the Δ figure's secondary panel) are the fixed-n "
+              "ones over every seed run and are not valid after adaptive stopping (a comparison stopped because its "
+              "interval looked decided); this section's verdicts, and the Δ figure's primary panel, are the study's "
+              "answer.")
     status = "" if rec["done"] else " Not finished: `bash run.sh decide` adds the runs still open comparisons need."
     return [Heading("Seeds until decided"), Paragraph(words),
             Table(["variant", "looks taken (n)", "n", "Δ", "interval", "verdict", "runs"], rows),

@@ -333,8 +333,9 @@ def output_blocks(runs, variants: Sequence[str], seeds: Sequence[int]) -> list[B
     )]
 
 
-def per_run_blocks(runs, variants, seeds, metrics: Sequence[str]) -> list[Block]:
-    """Every run's own values, as written in its files, so each mean above can be checked."""
+def per_run_blocks(runs, variants, seeds, metrics: Sequence[str], planned: Mapping | None = None) -> list[Block]:
+    """Every run's own values, as written in its files, so each mean above can be checked. Under
+    seeds until decided (`planned`: each variant's seeds) a variant's rows are the seeds it took."""
     # Run ids exist only where the train stage mirrored live; otherwise the report stage mirrors
     # after this page is written, and the MLflow run is found by its name.
     live = any((runs[(v, s)].train or {}).get("mlflow_run_id") for v in variants for s in seeds)
@@ -344,6 +345,8 @@ def per_run_blocks(runs, variants, seeds, metrics: Sequence[str]) -> list[Block]
     rows = []
     for v in variants:
         for s in seeds:
+            if planned is not None and s not in planned.get(v, ()):
+                continue  # a comparison decided before this seed's look: never run, by design
             run = runs[(v, s)]
             rows.append([v, str(s)] + [fmt_raw(run.eval, m) for m in metrics] + [
                 fmt_raw(run.train, "tokens_trained"), fmt_raw(run.train, "wall_time_s"),
@@ -353,6 +356,8 @@ def per_run_blocks(runs, variants, seeds, metrics: Sequence[str]) -> list[Block]
     headers = (["variant", "seed"] + list(metrics) + ["tokens trained", "wall time (s)"]
                + ([*kept, "val_loss of the last step's model"] if best else []) + (["MLflow run"] if live else []))
     caption = "One row per variant × seed" + ("" if live else "; in MLflow, the run named <variant>-<seed>")
+    if planned is not None:
+        caption += "; seeds until decided: each variant's seeds are those its comparison took"
     if best:
         caption += ("; train.keep = best: each run's metrics are those of its kept step's model (the lowest "
                     "in-loop estimate), the last step's model is scored on the validation split beside it")
