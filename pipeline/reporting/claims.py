@@ -174,6 +174,8 @@ def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[
         low_high = (mean, mean)  # a count, not an estimate over seeds
         ours = f"{mean:.1%} of {split} kept by length ({round(raw - dropped):,} of {round(raw):,}; filter.json)"
     low, high = low_high if low_high is not None else (None, None)
+    if decided and read != "filter_kept":  # another metric, another arm, a value: not a sequential reading
+        ours += " [fixed-n, over the seeds the rounds chose: not covered by seeds until decided's guarantee]"
     if claim.get("seed_value") is not None and read in ("delta", "ppl_ratio", "time_ratio"):
         ours += _inside(claim["seed_value"], low_high)
     out.update(ours=ours, mean=mean, low=low, high=high, n=n)
