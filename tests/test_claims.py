@@ -172,6 +172,23 @@ def test_a_value_agrees_within_the_tolerance(study):
     assert train["status"] == CONTRADICT and "train.json train_loss" in train["ours"]
 
 
+def test_a_training_loss_delta_pairs_train_json_by_seed(study):
+    # e.g. the seed's mask against the causal mask: the collapse is in the training loss
+    r = check(study, read="delta", variant="better", metric="train_loss", expect="better")
+    assert r["status"] == AGREE and r["mean"] == pytest.approx(sum(SHIFTS["better"]) / 3)
+    assert r["ours"].startswith("Δ vs baseline (paired t-test, not in the Δ table) -0.3")
+    assert check(study, read="delta", variant="worse", metric="train_loss", expect="better")["status"] == CONTRADICT
+
+
+def test_a_training_metric_is_a_delta_or_a_value_only(tmp_path):
+    path = write_params(tmp_path, [claim(read="ppl_ratio", variant="worse", metric="train_loss", expect="higher")])
+    with pytest.raises(ReportInputError, match=r"report\.seed_claims\.0.*'train_loss'"):
+        _read_params(path)
+    path = write_params(tmp_path, [claim(read="delta", variant="worse", metric="wall_time_s", expect="worse")])
+    with pytest.raises(ReportInputError, match=r"'wall_time_s' is not a reported metric"):
+        _read_params(path)
+
+
 def test_filter_share_is_read_from_filter_json(study):
     r = check(study, read="filter_kept", seed_value=0.07, tolerance=0.02)
     assert r["status"] == AGREE and r["mean"] == pytest.approx(0.07) and "70 of 1,000" in r["ours"]
@@ -250,8 +267,8 @@ def test_default_params_give_no_section(tmp_path):
     assert "seed_claims" not in json.loads((out / "details.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["cnn_dailymail", "cnn_dailymail_cpu", "tiny_shakespeare", "tiny_shakespeare_cpu",
-                                  "tinystories", "tinystories_cpu", "multi30k_cpu", "iwslt2017"])
+@pytest.mark.parametrize("name", ["cnn_dailymail", "cnn_dailymail_cpu", "cnn_dailymail_leak_cpu", "tiny_shakespeare",
+                                  "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu", "iwslt2017"])
 def test_every_seed_preset_lists_its_seeds_claims(name):
     claims = load_params(ROOT / "presets" / f"{name}.yaml").report.seed_claims
     assert claims and all(c.why.strip() for c in claims)

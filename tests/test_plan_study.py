@@ -54,10 +54,11 @@ def planned_loops(folder: Path, cal: calibration.Calibration, peak: float) -> di
 # Issue #33: each committed study's serial wall (run.json, on 2 cores) within ±30% of the plan's,
 # every figure fitted to the other studies (the training time model and the stage costs, warm or
 # cold as the study ran; seeds until decided's rounds one after another). Errors as of 2026-11-28:
-# cnn_dailymail_cpu -2%, multi30k_comparisons_cpu -12%, multi30k_cpu +1%, nanogpt_shakespeare_char
-# -16%, synthetic_decide -5%, tiny_shakespeare (S1 at its own size) +3%, tiny_shakespeare_cpu -9%,
-# tinystories_cpu +7%. (Earlier fits read -24% to +21%: the machine's speed moves between days, and
-# the fit cannot tell.)
+# cnn_dailymail_cpu -2%, cnn_dailymail_leak_cpu -17%, multi30k_comparisons_cpu -11%, multi30k_cpu
+# +1%, nanogpt_shakespeare_char -19%, synthetic_decide -5%, tiny_shakespeare (S1 at its own size)
+# +3%, tiny_shakespeare_cpu -9%, tinystories_cpu +24% (rerun cold, 1234 s against 1442 s for the
+# same study on 2026-11-27). (Earlier fits read -24% to +21%: the machine's speed moves between
+# days, and the fit cannot tell.)
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", STUDIES, ids=[f.name for f in STUDIES])
 def test_study_wall_within_tolerance(folder):
@@ -188,8 +189,8 @@ def test_warm_stage_costs_come_from_warm_studies_and_else_from_cold_ones(tmp_pat
         folder = tmp_path / name
         shutil.copytree(ROOT / "reports" / "studies" / name, folder)
         run = json.loads((folder / "run.json").read_text())
+        run["warm"] = warm  # whichever way the committed study ran
         if warm:
-            run["warm"] = True
             run["stage_s"]["evaluate"] /= 4
             del run["stage_s"]["report"]
         (folder / "run.json").write_text(json.dumps(run))

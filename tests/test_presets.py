@@ -29,7 +29,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "sources"
 PRESETS = ROOT / "presets"
 SEED_PRESETS = ("cnn_dailymail", "tiny_shakespeare", "tinystories", "iwslt2017", "nanogpt_shakespeare_char",
                 "nanogpt_shakespeare_char_gpu", "cnn_dailymail_cpu", "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu",
-                "multi30k_comparisons_cpu")
+                "multi30k_comparisons_cpu", "cnn_dailymail_leak_cpu")
 FAST = {"timeout_s": 5.0, "retries": 1}  # a plain URL's download (tiny_shakespeare)
 # The task metric each preset exists to measure, as eval.json names it.
 TASK_METRICS = {"cnn_dailymail": ("rouge1", "rouge2", "rougeL"), "iwslt2017": ("bleu", "chrf"),
@@ -39,7 +39,8 @@ TASK_METRICS = {"cnn_dailymail": ("rouge1", "rouge2", "rougeL"), "iwslt2017": ("
 TASK_METRICS.update({"nanogpt_shakespeare_char_gpu": TASK_METRICS["nanogpt_shakespeare_char"],"cnn_dailymail_cpu": TASK_METRICS["cnn_dailymail"], "multi30k_cpu": TASK_METRICS["iwslt2017"],
                      "tiny_shakespeare_cpu": TASK_METRICS["tiny_shakespeare"],
                      "tinystories_cpu": TASK_METRICS["tinystories"],
-                     "multi30k_comparisons_cpu": TASK_METRICS["iwslt2017"]})
+                     "multi30k_comparisons_cpu": TASK_METRICS["iwslt2017"],
+                     "cnn_dailymail_leak_cpu": TASK_METRICS["cnn_dailymail"]})
 
 
 # -- fixture data, served as each source's real files are -----------------------------------
@@ -120,7 +121,7 @@ def local_multi30k(local: Path) -> None:
 
 
 LOCAL = {"cnn_dailymail_cpu": local_cnn, "tinystories_cpu": local_tinystories, "multi30k_cpu": local_multi30k,
-         "multi30k_comparisons_cpu": local_multi30k}
+         "multi30k_comparisons_cpu": local_multi30k, "cnn_dailymail_leak_cpu": local_cnn}
 
 
 # -- the conftest-style shrink ----------------------------------------------------------------
@@ -239,7 +240,7 @@ def test_preset_runs_every_stage_and_reports_its_task_metric(name, project, caps
                 run_stage(cmd)
 
     task = {"cnn_dailymail": "summarization", "iwslt2017": "translation", "cnn_dailymail_cpu": "summarization",
-            "multi30k_cpu": "translation", "multi30k_comparisons_cpu": "translation"}.get(name, "language_modeling")
+            "cnn_dailymail_leak_cpu": "summarization", "multi30k_cpu": "translation", "multi30k_comparisons_cpu": "translation"}.get(name, "language_modeling")
     for variant in params["ablations"]:
         run_dir = f"{variant}-{params['seeds'][0]}"
         ev = json.loads(Path("data/eval", run_dir, "eval.json").read_text())

@@ -7,6 +7,7 @@ report's own data (`read`); never a number of ours typed into the preset. The re
 - delta: Δ `metric` of `variant` vs the baseline, paired by seed (the Δ table's, with its interval);
   expect worse / better / same. With `versus` another variant, the same paired t-test against it
   (not in the Δ table): a seed's two arms that both differ from our baseline, e.g. both with its mask.
+  `metric` train_loss: train.json's last logged training loss, the same paired t-test.
 - ppl_ratio: the variant's perplexity ÷ the baseline's, exp(Δ `metric`) (val_loss unless test_loss),
   the geometric mean of the per-seed ratios, its interval exp() of the Δ's; expect lower / higher.
 - time_ratio: the variant's training wall time ÷ the baseline's (train.json wall_time_s), paired by
@@ -53,7 +54,7 @@ def check_claims(claims: Sequence[Mapping], variants: Sequence[str], where: str)
             if c.get(name) is not None and c[name] not in variants:
                 raise ReportInputError(f"{key}.{name}: {c[name]!r} is not a variant in ablations "
                                        f"(have: {', '.join(variants)})")
-        known = BASE_METRICS + TASK_METRICS + (TRAIN_VALUES if c.get("read") == "value" else ())
+        known = BASE_METRICS + TASK_METRICS + {"value": TRAIN_VALUES, "delta": ("train_loss",)}.get(c.get("read"), ())
         if c.get("metric") is not None and c["metric"] not in known:
             raise ReportInputError(f"{key}.metric: {c['metric']!r} is not a reported metric ({', '.join(known)})")
 
@@ -65,10 +66,12 @@ def _direction(verdict: str) -> str | None:
 
 def _delta(results: Results, runs: Mapping, seeds: Sequence[int], variant: str, versus: str, baseline: str,
            metric: str) -> Delta | None:
-    """The Δ table's Δ vs the baseline; against another variant the same paired t-test, uncorrected."""
-    if versus == baseline:
+    """The Δ table's Δ vs the baseline; against another variant (or of the training loss, which the Δ
+    table does not hold) the same paired t-test, uncorrected."""
+    if versus == baseline and metric not in TRAIN_VALUES:
         return results.deltas.get(variant, {}).get(metric)
-    values = [values_by_seed(runs, v, seeds, "eval", metric) for v in (variant, versus)]
+    stage = "train" if metric in TRAIN_VALUES else "eval"
+    values = [values_by_seed(runs, v, seeds, stage, metric) for v in (variant, versus)]
     return paired_delta(*values, higher_is_better(metric))
 
 
@@ -109,7 +112,8 @@ def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[
     versus = claim.get("versus") or baseline
     if read in ("delta", "ppl_ratio", "time_ratio") and variant == versus:
         return {**out, "reason": f"{variant} is the variant it is compared with: no Δ"}
-    vs = "" if versus == baseline else f" vs {versus} (paired t-test, not in the Δ table)"
+    vs = ("" if versus == baseline and metric not in TRAIN_VALUES
+          else f" vs {versus} (paired t-test, not in the Δ table)")
     direction = None  # 'worse'/'better' (delta) or 'lower'/'higher' (ratios) as our verdict says; None: no difference
     if read in ("delta", "ppl_ratio"):
         metric = metric or "val_loss"
