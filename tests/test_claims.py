@@ -268,7 +268,8 @@ def test_default_params_give_no_section(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["cnn_dailymail", "cnn_dailymail_cpu", "cnn_dailymail_leak_cpu", "tiny_shakespeare",
-                                  "tiny_shakespeare_cpu", "tinystories_cpu", "multi30k_cpu", "iwslt2017"])
+                                  "tiny_shakespeare_cpu", "tinystories", "tinystories_cpu", "multi30k_cpu",
+                                  "iwslt2017"])
 def test_every_seed_preset_lists_its_seeds_claims(name):
     claims = load_params(ROOT / "presets" / f"{name}.yaml").report.seed_claims
     assert claims and all(c.why.strip() for c in claims)

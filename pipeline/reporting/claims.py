@@ -54,7 +54,8 @@ def check_claims(claims: Sequence[Mapping], variants: Sequence[str], where: str)
             if c.get(name) is not None and c[name] not in variants:
                 raise ReportInputError(f"{key}.{name}: {c[name]!r} is not a variant in ablations "
                                        f"(have: {', '.join(variants)})")
-        known = BASE_METRICS + TASK_METRICS + {"value": TRAIN_VALUES, "delta": ("train_loss",)}.get(c.get("read"), ())
+        train = {"value": TRAIN_VALUES, "delta": ("train_loss",)}.get(c.get("read"), ())  # from train.json
+        known = BASE_METRICS + TASK_METRICS + train
         if c.get("metric") is not None and c["metric"] not in known:
             raise ReportInputError(f"{key}.metric: {c['metric']!r} is not a reported metric ({', '.join(known)})")
 
