@@ -72,18 +72,15 @@ def sequential_cells(record: dict, flagged: set[str]) -> list[str]:
     """Seeds until decided (decisions.json): each comparison as the report's sequential verdict says
     it, `single_head +0.0246 (99.75% sequential interval [-0.103, 0.153], 20 paired seeds, looks at
     3, 5, 8, 12, 20, undecided at the budget)`; the fixed-n test is not valid after adaptive stopping."""
-    from pipeline.reporting.decisions import WORDS
+    from pipeline.reporting.decisions import WORDS, interval_text
 
     plan, base = record["plan"], record["baseline"]["name"]
     cells = []
     for name, v in sorted(record["variants"].items()):
         if not v["looks"]:
             continue
-        last = v["looks"][-1]
         words = WORDS[v["state"]].format(b=base, m=plan.get("margin")).replace(f" than {base}", "")
-        cells.append(f"{name} {last['mean']:+.3g} ({plan['level']:.2%} sequential interval [{fmt(last['lo'], 3)}, "
-                     f"{fmt(last['hi'], 3)}], {last['n']} paired seeds, looks at "
-                     f"{', '.join(str(look['n']) for look in v['looks'])}, {words})"
+        cells.append(f"{name} {v['looks'][-1]['mean']:+.3g} ({interval_text(v, plan)}, {words})"
                      + (" ⚠ degenerate outputs" if name in flagged else ""))
     return cells
 

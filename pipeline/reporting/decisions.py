@@ -70,11 +70,18 @@ WORDS = {"worse": "worse than {b}", "better": "better than {b}", "equivalent": "
          "undecided": "undecided at the budget", "continue": "not decided yet"}
 
 
+def interval_text(v: Mapping, plan: Mapping) -> str:
+    """A comparison's last look as the report's verdict and the docs' studies table both give it:
+    `99.75% sequential interval [-0.103, 0.153], 20 paired seeds, looks at 3, 5, 8, 12, 20`."""
+    last = v["looks"][-1]
+    return (f"{plan['level']:.2%} sequential interval [{fmt(last['lo'], 3)}, {fmt(last['hi'], 3)}], "
+            f"{last['n']} paired seeds, looks at {', '.join(str(look['n']) for look in v['looks'])}")
+
+
 def verdict_blocks(rec: Mapping) -> list[Block]:
     """The report's first lines under seeds until decided: each comparison's sequential verdict, its
     interval at the study's level and the seeds it took (the fixed-n test is not valid here)."""
     plan, base, metric = rec["plan"], rec["baseline"]["name"], rec["metric"]
-    level = plan["level"]
     lines = []
     for name, v in sorted(rec["variants"].items()):
         last = v["looks"][-1] if v["looks"] else None
@@ -82,9 +89,7 @@ def verdict_blocks(rec: Mapping) -> list[Block]:
         if last is None:
             lines.append(f"{name}: {metric} {arrow(metric)}: {words} (no look yet).")
             continue
-        lines.append(f"{name}: {metric} {arrow(metric)} Δ {last['mean']:+.3g} ({level:.2%} sequential interval "
-                     f"[{fmt(last['lo'], 3)}, {fmt(last['hi'], 3)}], {last['n']} paired seeds, looks at "
-                     f"{', '.join(str(look['n']) for look in v['looks'])}): {words}.")
+        lines.append(f"{name}: {metric} {arrow(metric)} Δ {last['mean']:+.3g} ({interval_text(v, plan)}): {words}.")
     return [Heading("Verdict"),
             Paragraph(f"Each variant − {base} on the primary metric {metric}, paired by seed, decided by seeds until "
                       "decided (the intervals hold together with probability ≥ "
