@@ -4,12 +4,18 @@ the facts about torch's own kernels that the tests no longer assert.
 Run: python -m benchmarks.cpu_numerics [--rounds 5] [--steps 30] [--threads 1 2]
 Prints one JSON object. The settings are read when torch starts, so every measurement is a new
 process (`--child`) that takes `--steps` AdamW steps of one shape after a warm-up and reports its
-median step time; the parent runs pinned and native (ABLATION_LAB_PIN_CPU=0) alternately, `--rounds`
-times, and `pinned_over_native` is the ratio of the medians over rounds (1.0 = free). Two shapes:
+median step time; the parent runs three modes in turn, `--rounds` times, in an order that rotates:
+pinned (what the stages run: pinned and routed, pipeline/cpu_numerics.py), pinned_mkl (pinned but
+torch's own MKL products and vector maths, the design before issue #59) and native
+(ABLATION_LAB_PIN_CPU=0); `pinned_over_native` is the ratio of the medians over rounds (1.0 = free),
+`pinned_over_pinned_mkl` what the routing itself costs. Two shapes:
 the default study's encoder-decoder (d 64, 2+2 layers, ~1,024 tokens a batch) and seed S1 at its
 size (presets/tiny_shakespeare.yaml: decoder-only, d 128, 2 layers, relative bias, 32 x 128).
-`facts` records, on this CPU, whether each library's setting changes the bits of its kernels and
-whether torch's own LayerNorm and RMSNorm give other weight gradients at 1 and 2 threads.
+`facts` records, on this CPU, whether each library's setting changes the bits of torch's own kernels
+(products, softmax, gelu, exp, log, sqrt, attention), whether any of them still changes them once
+the products are routed (pipeline/cpu_numerics.py), what moves OpenBLAS's pinned kernel (asked for
+as AMD's Zen, another L2 size, two threads), and whether torch's own LayerNorm and RMSNorm give
+other weight gradients at 1 and 2 threads.
 """
 from __future__ import annotations
 
@@ -45,7 +51,10 @@ def shape(name: str):
 SHAPES = ("default_encoder_decoder", "s1_tiny_shakespeare")
 
 
-def child(name: str, steps: int, threads: int) -> None:
+MODES = ("pinned", "pinned_mkl", "native")
+
+
+def child(name: str, steps: int, threads: int, mode: str) -> None:
     import time
 
     import torch
@@ -55,6 +64,8 @@ def child(name: str, steps: int, threads: int) -> None:
     from pipeline import cpu_numerics
 
     torch.set_num_threads(threads)
+    if mode != "pinned_mkl":
+        cpu_numerics.engage()  # as the stages do; nothing where ABLATION_LAB_PIN_CPU=0
     torch.manual_seed(0)
     cfg, batch = shape(name)
     step = make_step(build_model(cfg).train(), batch, "cpu", torch.float32)
@@ -75,34 +86,58 @@ def unpinned_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in PINNED}
 
 
-def measure(name: str, pinned: bool, steps: int, threads: int) -> dict:
+def measure(name: str, mode: str, steps: int, threads: int) -> dict:
     env = unpinned_env()
-    env["ABLATION_LAB_PIN_CPU"] = "1" if pinned else "0"
+    env["ABLATION_LAB_PIN_CPU"] = "0" if mode == "native" else "1"
     out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--steps", str(steps),
-                          "--threads", str(threads)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+                          "--threads", str(threads), "--mode", mode], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True)
     return json.loads(out.stdout.splitlines()[-1])
 
 
+PROBE = """
+import hashlib, sys, numpy as np
+import pipeline, torch
+from pipeline import cpu_numerics
+if sys.argv[1] == "1":
+    assert cpu_numerics.engage()
+rng = np.random.default_rng(0)
+a, b = (torch.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((512, 384), (384, 1536)))
+q = torch.from_numpy(rng.standard_normal((4, 4, 64, 16), dtype=np.float32))
+out = {"matmul": a @ b, "small_matmul": a[:39, :16] @ b[:16, :48], "softmax": torch.softmax(a, -1),
+       "gelu": torch.nn.functional.gelu(a), "exp": torch.exp(a), "log": torch.log(a.abs() + 0.1),
+       "sqrt": torch.sqrt(a.abs()), "torch_fused_attention": torch.nn.functional.scaled_dot_product_attention(q, q, q)}
+print(" ".join(f"{k}={hashlib.sha256(v.numpy().tobytes()).hexdigest()[:12]}" for k, v in out.items()))
+"""
+SETTINGS = {"native": {}, "MKL_CBWR=AVX2,STRICT": {"MKL_CBWR": "AVX2,STRICT"}, "MKL_CBWR=AUTO": {"MKL_CBWR": "AUTO"},
+            "MKL_CBWR=COMPATIBLE": {"MKL_CBWR": "COMPATIBLE"}, "ATEN_CPU_CAPABILITY=avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
+            "ONEDNN_MAX_CPU_ISA=AVX2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+OPENBLAS = {"OPENBLAS_CORETYPE=Zen (AMD's)": {"OPENBLAS_CORETYPE": "Zen"},
+            "OPENBLAS_L2_SIZE=128 KiB": {"OPENBLAS_L2_SIZE": "131072"},
+            "OPENBLAS_NUM_THREADS=2": {"OPENBLAS_NUM_THREADS": "2"}}
+
+
+def _digests(env: dict, routed: bool) -> dict:
+    line = subprocess.run([sys.executable, "-c", PROBE, "1" if routed else "0"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+    return dict(item.split("=") for item in line)
+
+
 def facts() -> dict:
-    """Which settings change which kernels' bits here, and torch's norms across thread counts."""
+    """Which settings change which kernels' bits here, torch's own and routed (cpu_numerics.engage);
+    what moves OpenBLAS's pinned kernel; torch's norms across thread counts."""
     import torch
 
-    probe = ("import hashlib, numpy as np, torch\n"
-             "rng = np.random.default_rng(0)\n"
-             "a, b = (torch.from_numpy(rng.standard_normal(s, dtype=np.float32)) for s in ((512, 384), (384, 1536)))\n"
-             "out = {'matmul': a @ b, 'softmax': torch.softmax(a, -1), 'gelu': torch.nn.functional.gelu(a)}\n"
-             "print(' '.join(f'{k}={hashlib.sha256(v.numpy().tobytes()).hexdigest()[:12]}' for k, v in out.items()))")
+    from pipeline.cpu_numerics import PINNED
+
     clean = unpinned_env()
-    settings = {"native": {}, "MKL_CBWR=AVX2,STRICT": {"MKL_CBWR": "AVX2,STRICT"},
-                "ATEN_CPU_CAPABILITY=avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
-                "ONEDNN_MAX_CPU_ISA=AVX2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
-    digests = {}
-    for label, extra in settings.items():
-        line = subprocess.run([sys.executable, "-c", probe], env={**clean, **extra}, capture_output=True, text=True,
-                              check=True).stdout.split()
-        digests[label] = dict(item.split("=") for item in line)
-    changed = {label: sorted(k for k in d if d[k] != digests["native"][k]) for label, d in digests.items()
-               if label != "native"}
+    own = {label: _digests({**clean, "ABLATION_LAB_PIN_CPU": "0", **extra}, False) for label, extra in SETTINGS.items()}
+    changed = {label: sorted(k for k in d if d[k] != own["native"][k]) for label, d in own.items() if label != "native"}
+    pinned = {**clean, **PINNED}
+    routed = {label: _digests({**pinned, **extra}, True) for label, extra in {**SETTINGS, **OPENBLAS}.items()
+              if label != "native"}
+    base = routed["MKL_CBWR=AVX2,STRICT"]
+    routed_changed = {label: sorted(k for k in d if d[k] != base[k]) for label, d in routed.items()}
 
     def differs(make) -> bool:
         x, dy, seen = torch.randn(64, 256, 128), torch.randn(64, 256, 128), set()
@@ -114,6 +149,7 @@ def facts() -> dict:
         return len(seen) > 1
 
     return {"kernels_changed_by_each_setting": changed,
+            "routed_kernels_changed_by_each_setting_from_the_pinned_one": routed_changed,
             "torch_layernorm_weight_grad_differs_1_vs_2_threads": differs(lambda: torch.nn.LayerNorm(128)),
             "torch_rmsnorm_weight_grad_differs_1_vs_2_threads": differs(lambda: torch.nn.RMSNorm(128))}
 
@@ -124,9 +160,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--child", choices=SHAPES, help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, default="pinned", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child, args.steps, args.threads[0])
+        return child(args.child, args.steps, args.threads[0], args.mode)
     import torch
 
     from pipeline.training.device import _cpu_model
@@ -136,15 +173,18 @@ def main() -> None:
     for name in SHAPES:
         result["shapes"][name] = {}
         for threads in args.threads:
-            runs = {"pinned": [], "native": []}
+            runs = {mode: [] for mode in MODES}
             for r in range(args.rounds):
-                order = ("pinned", "native") if r % 2 == 0 else ("native", "pinned")
-                for mode in order:
-                    runs[mode].append(measure(name, mode == "pinned", args.steps, threads))
+                for mode in MODES[r % 3:] + MODES[:r % 3]:
+                    runs[mode].append(measure(name, mode, args.steps, threads))
             ms = {mode: [round(m["step_ms"], 3) for m in got] for mode, got in runs.items()}
+            median = {mode: statistics.median(v) for mode, v in ms.items()}
             result["shapes"][name][f"threads_{threads}"] = {
                 "step_ms": ms, "aten_capability": {mode: got[0]["aten_capability"] for mode, got in runs.items()},
-                "pinned_over_native": round(statistics.median(ms["pinned"]) / statistics.median(ms["native"]), 4),
+                "matmul": {mode: got[0]["matmul"] for mode, got in runs.items()},
+                "pinned_over_native": round(median["pinned"] / median["native"], 4),
+                "pinned_over_pinned_mkl": round(median["pinned"] / median["pinned_mkl"], 4),
+                "pinned_mkl_over_native": round(median["pinned_mkl"] / median["native"], 4),
                 "per_round_ratio": [round(a / b, 4) for a, b in zip(ms["pinned"], ms["native"])]}
     result["facts"] = facts()
     print(json.dumps(result, indent=2))

@@ -17,6 +17,11 @@ from torch.autograd.function import once_differentiable
 from model.config import ModelConfig
 
 AttendFn = Callable[..., tuple[Tensor, Tensor | None]]
+# Device types where `fused_attention` runs the written-out formula instead of torch's kernel.
+# pipeline.cpu_numerics.engage adds "cpu": the CPU kernel multiplies inside MKL, whose bits differ
+# between CPU makers, out of reach of the products it routes. The memory planner's meta trace adds
+# "meta", to count what that path keeps.
+WRITTEN_OUT_ON: set[str] = set()
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
@@ -77,6 +82,9 @@ def _softmax(x: Tensor) -> Tensor:
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                     dropout_p: float = 0.0, is_causal: bool = False) -> tuple[Tensor, None]:
     """PyTorch's fused kernel (flash / memory-efficient / math); same maths, no weights returned."""
+    if q.device.type in WRITTEN_OUT_ON:
+        return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                            is_causal=is_causal)[0], None
     if dropout_p > 0 and _backward_on_cpu(q):
         # On the CPU the kernel runs attention dropout through its math path, whose softmax backward
         # depends on the thread count (_FixedOrderSoftmax): the written-out path, same maths and masks.

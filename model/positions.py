@@ -7,6 +7,7 @@ example has its own offset (left-padded prompts during decoder-only generation).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -15,12 +16,18 @@ from torch import Tensor, nn
 
 def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
     """(max_len, d_model): sin on even, cos on odd channels, wavelengths 2pi .. 10000*2pi (paper 3.5)."""
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
-    table = torch.zeros(max_len, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * inv_freq)
-    table[:, 1::2] = torch.cos(pos * inv_freq)[:, : d_model // 2]
-    return table.float()
+    inv_freq = [math.exp(i * (-math.log(10000.0) / d_model)) for i in range(0, d_model, 2)]
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = _sin_cos(max_len, inv_freq, math.sin)
+    table[:, 1::2] = _sin_cos(max_len, inv_freq, math.cos)[:, : d_model // 2]
+    return table
+
+
+def _sin_cos(max_len: int, inv_freq: list[float], fn) -> Tensor:
+    """fn(p * f) for each position p and frequency f, in float64 by Python's math, then float32.
+    Not torch.sin: on the CPU its float64 kernel is MKL's, whose bits differ between CPU makers
+    (pipeline/cpu_numerics.py); a table built once per model can afford the scalar loop."""
+    return torch.tensor([[fn(p * f) for f in inv_freq] for p in range(max_len)], dtype=torch.float64).float()
 
 
 class AbsolutePositions(nn.Module):
@@ -49,11 +56,11 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, max_len: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, Dh/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (max_len, Dh): same angle for both halves
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        inv_freq = [1.0 / theta ** (i / head_dim) for i in range(0, head_dim, 2)]
+        cos, sin = _sin_cos(max_len, inv_freq, math.cos), _sin_cos(max_len, inv_freq, math.sin)  # (max_len, Dh/2)
+        # the same angle for both halves: (max_len, Dh)
+        self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat([sin, sin], dim=-1), persistent=False)
 
     def forward(self, x: Tensor, pos: Tensor) -> Tensor:
         """x (B, H, L, Dh) rotated by the angles of `pos` ((L,) or (B, L))."""
@@ -76,10 +83,18 @@ def relative_bucket(rel: Tensor, bidirectional: bool, num_buckets: int, max_dist
     else:
         dist = (-rel).clamp(min=0)
     max_exact = num_buckets // 2
-    # clamp(min=1) only avoids log(0) on entries that torch.where discards anyway.
-    log_ratio = torch.log(dist.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
-    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
-    return bucket + torch.where(dist < max_exact, dist, large)
+    large = _log_buckets(num_buckets, max_exact, max_distance).to(rel.device)
+    return bucket + torch.where(dist < max_exact, dist, large[dist.clamp(max=max_distance)])
+
+
+@functools.lru_cache(maxsize=None)
+def _log_buckets(num_buckets: int, max_exact: int, max_distance: int) -> Tensor:
+    """The log-spaced bucket of each distance 0..max_distance (those under max_exact unused), by
+    Python's math: torch.log's CPU kernel is MKL's, whose bits differ between CPU makers
+    (pipeline/cpu_numerics.py), and one ulp moves a distance across a bucket's edge."""
+    span = math.log(max_distance / max_exact)
+    return torch.tensor([min(max_exact + int(math.log(max(d, 1) / max_exact) / span * (num_buckets - max_exact)),
+                             num_buckets - 1) for d in range(max_distance + 1)])
 
 
 class RelativePositionBias(nn.Module):

@@ -1,22 +1,33 @@
-"""The same bits on every x86-64 CPU: the instruction-set level of torch's CPU kernels, pinned.
+"""The same bits on every x86-64 CPU with AVX2: torch's CPU kernels on one code path, and its matrix
+products on a kernel whose bits do not depend on the processor's maker or model.
 
-PyTorch picks each CPU kernel by what the processor offers: MKL's matrix products (AVX-512 on an
-Intel AVX-512 machine, AVX2 on AMD's), ATen's vectorised element-wise and reduction code (softmax,
-exp, sums: AVX-512 where present) and oneDNN's (gelu). Each level rounds differently in the last
-bits, 400 training steps amplify that, and a study made on one CPU model moved every number on
-another. Pinned here, each library runs the AVX2 code path that every current x86-64 CPU has:
+Each library picks its kernels by what the processor offers, and each level rounds differently in
+the last bits; 400 training steps amplify that into other weights. Two steps:
 
-- MKL_CBWR=AVX2,STRICT     MKL's conditional numerical reproducibility; STRICT also fixes the
-                           order of its sums whatever the thread count (without it the thread
-                           test failed on an Intel AVX-512 machine)
-- ATEN_CPU_CAPABILITY=avx2 ATen's vector code
-- ONEDNN_MAX_CPU_ISA=AVX2  oneDNN's kernels
+1. `pin` (standard library only, before torch or numpy is imported) sets the code paths:
+   - ATEN_CPU_CAPABILITY=avx2    ATen's vector code (softmax, exp, norms, sums, the optimizer)
+   - ONEDNN_MAX_CPU_ISA=AVX2     oneDNN's kernels, were any to run (`engage` turns oneDNN off)
+   - MKL_CBWR=AVX2,STRICT        MKL's reproducibility branch, for what of MKL is left (dropout's
+                                 random bits, integer arithmetic)
+   - OPENBLAS_CORETYPE=Haswell   the matrix products' kernel (step 2): OpenBLAS's AVX2 kernel, one
+     OPENBLAS_NUM_THREADS=1      thread (its threaded split changes the sums' order)
+2. `engage` (after torch is imported: the stages, the tests and the benchmarks call it) routes
+   torch's CPU matrix products (mm, addmm, bmm, baddbmm) to numpy's OpenBLAS on that kernel.
 
-They are read when each library first runs, so `pin` must run before torch is imported:
-pipeline/__init__.py calls it, and with it every stage, the warm server that serves them and
-everything that imports the package. A variable the user set is kept. ABLATION_LAB_PIN_CPU=0 turns
-it off (the machine's fastest kernels, its own numbers); on other processors (aarch64) nothing is
-pinned and the report says the numbers are that machine's. Standard library only.
+Why not MKL: its reproducibility branches hold on Intel CPUs only ("on non-Intel CPUs the AUTO
+branch is used"), and even on one Intel CPU the AVX2 branch gives other bits for small products
+with STRICT than without. A study recorded on an AMD EPYC trained other bits on an Intel Xeon in
+191 of 254 recorded models (issue #59): the products were the ops that parted ways. OpenBLAS's
+Haswell kernel is chosen by name, its blocking is fixed in the library (not read from the cache
+sizes), and it is the kernel OpenBLAS itself picks on AMD's Zen: measured on an Intel Xeon, its
+bits do not move with OPENBLAS_L2_SIZE or when asked for as Zen (benchmarks/cpu_numerics facts).
+torch's fused attention multiplies inside its own kernel, out of reach: on the CPU it runs the
+written-out formula instead (model.attention.WRITTEN_OUT_ON).
+
+A variable the user set is kept, except OPENBLAS_CORETYPE (the path this promise is made for);
+ABLATION_LAB_PIN_CPU=0 turns all of it off (the machine's fastest kernels, its own numbers). On
+other processors (aarch64, or x86-64 without AVX2) nothing is pinned and the report says the
+numbers are that machine's.
 """
 from __future__ import annotations
 
@@ -24,19 +35,138 @@ import os
 import platform
 
 SETTING = "ABLATION_LAB_PIN_CPU"
-PINNED = {"MKL_CBWR": "AVX2,STRICT", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED = {"MKL_CBWR": "AVX2,STRICT", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+          "OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1"}
+FORCED = ("OPENBLAS_CORETYPE",)
 X86_64 = ("x86_64", "amd64")
+KERNEL = "Haswell"  # threadpoolctl's name for OpenBLAS's kernel in use
+ROUTED = ("mm", "addmm", "bmm", "baddbmm", "sqrt")  # torch's CPU kernels `engage` replaces (and their out=, sqrt_)
+_state: dict = {}
+# The CPU models a fresh clone's `bash run.sh` was checked on, identical to the committed study by
+# `python -m pipeline.reproduced` and every recorded model bit for bit (tests/model_bits.py).
+CHECKED_ON = ("Intel Xeon (family 6 model 207, AVX-512, under KVM)",)
+
+
+def has_avx2() -> bool:
+    """AVX2 and FMA where /proc/cpuinfo says (Linux); assumed elsewhere on x86-64."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return True
+    return flags is None or {"avx2", "fma"} <= set(flags)
 
 
 def wanted(env=os.environ) -> bool:
-    return env.get(SETTING, "1") != "0" and platform.machine().lower() in X86_64
+    return env.get(SETTING, "1") != "0" and platform.machine().lower() in X86_64 and has_avx2()
 
 
 def pin(env=os.environ) -> None:
-    """Set the pinned code paths in `env` (before torch is imported), unless turned off or not x86-64."""
+    """Set the pinned code paths in `env` (before torch or numpy is imported), unless turned off."""
     if wanted(env):
         for key, value in PINNED.items():
-            env.setdefault(key, value)
+            if key in FORCED:
+                env[key] = value
+            else:
+                env.setdefault(key, value)
+
+
+def engage() -> bool:
+    """Route torch's CPU matrix products to OpenBLAS's pinned kernel, oneDNN off, CPU attention
+    written out. Once per process; False (and nothing changed) where not pinned, or where numpy's
+    OpenBLAS did not load that kernel (numpy imported before `pin`): describe() then says so."""
+    if "engaged" in _state:
+        return _state["engaged"]
+    _state["engaged"] = False
+    if not wanted():
+        return False
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import model.attention
+
+    import numpy  # noqa: F401  (loads OpenBLAS, which reads OPENBLAS_CORETYPE now)
+    blas = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    _state["kernel"] = blas[0].get("architecture") if blas else None
+    _state["openblas"] = blas[0].get("version") if blas else None
+    if _state["kernel"] != KERNEL:
+        return False
+    threadpool_limits(1, user_api="blas")
+    _state["library"] = _register(torch)
+    torch.backends.mkldnn.enabled = False  # gelu and friends on ATen's pinned code instead
+    model.attention.WRITTEN_OUT_ON.add("cpu")
+    _state["engaged"] = True
+    return True
+
+
+def _register(torch):
+    """torch's CPU kernels of ROUTED replaced by numpy's matmul (OpenBLAS, pinned above). Below
+    autograd, so the backward's products take it too. Returns the registration (kept alive)."""
+    import warnings
+
+    import numpy as np
+
+    half = (torch.float16, torch.bfloat16)  # multiplied in float32, as torch's CPU kernels accumulate
+
+    def as_blas(t):
+        # a view BLAS takes as it is (one unit stride in the matrix, no zero stride), else a copy
+        t = t.detach()
+        if t.dtype in half:
+            t = t.float()
+        s = t.stride()
+        if t.dim() >= 2 and (0 in s or 1 not in s[-2:]):
+            t = t.contiguous()
+        return t.numpy()
+
+    def product(a, b):
+        x, y = as_blas(a), as_blas(b)
+        shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        out = torch.empty(shape, dtype=torch.float32 if a.dtype in half else a.dtype)
+        with np.errstate(all="ignore"):  # an overflow is torch's to report (a non-finite loss), as its own kernel
+            np.matmul(x, y, out=out.numpy())
+        return out if out.dtype == a.dtype else out.to(a.dtype)
+
+    def scaled(self, a, b, beta, alpha):
+        out = product(a, b)
+        if alpha != 1:
+            out.mul_(alpha)
+        return out if beta == 0 else out.add_(self, alpha=beta)
+
+    def mm(self, mat2):
+        return product(self, mat2)
+
+    def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+        return scaled(self, mat1, mat2, beta, alpha)
+
+    def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+        return scaled(self, batch1, batch2, beta, alpha)
+
+    def sqrt(self):
+        # IEEE 754 rounds a square root correctly, so every implementation gives these bits
+        x = self.detach()
+        x = x.float() if x.dtype in half or not (x.is_floating_point() or x.is_complex()) else x
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        np.sqrt(x.contiguous().numpy(), out=out.numpy())
+        return out.to(self.dtype) if self.dtype in half else out
+
+    def sqrt_(self):
+        return self.copy_(sqrt(self))
+
+    def into(fn):  # the out= overload of fn (torch.compile's generated code calls these)
+        def out_variant(*args, out, **kwargs):
+            result = fn(*args, **kwargs)
+            return out.resize_(result.shape).copy_(result)
+        return out_variant
+
+    kernels = {"mm": mm, "addmm": addmm, "bmm": mm, "baddbmm": baddbmm, "sqrt": sqrt}
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore")
+        for name, fn in kernels.items():
+            library.impl(name, fn, "CPU")
+            library.impl(f"{name}.out", into(fn), "CPU")
+        library.impl("sqrt_", sqrt_, "CPU")
+    return library
 
 
 def describe() -> dict:
@@ -44,6 +174,8 @@ def describe() -> dict:
     import torch
 
     settings = {key: os.environ.get(key) for key in PINNED}
-    pinned = wanted() and settings == PINNED
+    engaged = _state.get("engaged", False)
+    pinned = wanted() and settings == PINNED and engaged
+    matmul = f"openblas {_state.get('openblas')} {_state.get('kernel')}, 1 thread" if engaged else "torch's own (MKL)"
     return {"pinned": pinned, "machine": platform.machine(), "aten_capability": torch.backends.cpu.get_cpu_capability(),
-            **{key.lower(): value for key, value in settings.items()}}
+            "matmul": matmul, **{key.lower(): value for key, value in settings.items()}}

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from model.generate import decode_loop, next_token_picker
+from pipeline import cpu_numerics
 from pipeline.atomic import atomic_path
 from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
 from pipeline.progress import Progress
@@ -390,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         t = run_settings(Path(args.run))
         torch.set_num_threads(choose_threads(t.threads)[0])
         torch.set_flush_denormal(True)  # as in training: denormals are slow on CPUs
+        cpu_numerics.engage()  # the kernels training ran on (pipeline/cpu_numerics.py)
         metrics = evaluate(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
                            params.evaluate, t.batch_tokens, t.context, t.batch_size,
                            resolve_device(t.device, slots=recorded_slots(Path(args.run))))

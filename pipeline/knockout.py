@@ -243,12 +243,14 @@ def main(argv: list[str] | None = None) -> None:
             return
         import torch
 
+        from pipeline import cpu_numerics
         from pipeline.scoring.run_files import run_settings
         from pipeline.training.device import choose_threads, recorded_slots, resolve_device
 
         t = run_settings(Path(args.run))  # the shapes and device the run trained with, as evaluate
         torch.set_num_threads(choose_threads(t.threads)[0])
         torch.set_flush_denormal(True)
+        cpu_numerics.engage()  # the kernels training ran on (pipeline/cpu_numerics.py)
         summary = run_knockouts(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
                                 params.knockout, params.evaluate, t.context, t.batch_size,
                                 resolve_device(t.device, slots=recorded_slots(Path(args.run))), started_at=STARTED_AT)

@@ -7,8 +7,9 @@ Compares reports/fingerprint.json (each model.pt's sha256) and reports/metrics.j
 files at REV. Identical: every model the same bits, every number the same (exit 0). Otherwise it
 lists the models that differ and, for each ablation, how far its Δ moved in units of the committed
 95% interval's half-width, and whether the verdict's sign and significance still hold (exit 1).
-A difference is expected where the study's runs were not pinned to one CPU code path (the report's
-training cost section says; pipeline/cpu_numerics.py) or the params or code changed. Exit 2: a file
+When models differ it says why they may: the study's runs were not pinned (the report's training
+cost section says; pipeline/cpu_numerics.py), the two studies' kernels ran otherwise, or, both pinned
+alike, other params, code or packages, or a CPU that breaks the promise. Exit 2: a file
 is missing or unreadable. Standard library only (no torch).
 """
 from __future__ import annotations
@@ -18,6 +19,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from pipeline.cpu_numerics import CHECKED_ON
 
 FILES = ("fingerprint.json", "metrics.json")
 
@@ -80,11 +83,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"reproduced: NOT identical to {args.against}: {len(differ)} of {len(models_old)} models differ"
           + (f" ({', '.join(differ[:6])}{', ...' if len(differ) > 6 else ''})" if differ else ""))
-    unpinned = sorted({v for v in new["fingerprint.json"].get("cpu_numerics", {}).values() if v.startswith("not")})
-    if unpinned:
-        print(f"  this study's CPU kernels were {', '.join(unpinned)}: its numbers are this machine's")
+    if differ:
+        print(why(old["fingerprint.json"].get("cpu_numerics", {}), new["fingerprint.json"].get("cpu_numerics", {})))
     print("\n".join(moves(old["metrics.json"], new["metrics.json"])) or "  metrics.json: the same numbers")
     return 1
+
+
+def why(was: dict, now: dict) -> str:
+    """Why models may differ, from how each study's CPU kernels ran (fingerprint.json cpu_numerics)."""
+    unpinned = sorted({v for v in now.values() if v.startswith("not")})
+    if unpinned:
+        return (f"  this study's CPU kernels were {', '.join(unpinned)}: its numbers are this machine's; "
+                f"{KNOWN}; compare the verdicts below")
+    if set(was.values()) != set(now.values()):
+        return (f"  the committed study ran its CPU kernels as {', '.join(sorted(set(was.values()))) or 'unrecorded'}, "
+                f"this one as {', '.join(sorted(set(now.values())))}: other kernels, other bits; compare the verdicts below")
+    return ("  both ran pinned alike, so the same bits were promised: look first for other params or code "
+            "(git status, dvc params diff) or other package versions (constraints.txt); pinned, no op is known "
+            f"to part ways between CPU models ({', '.join(CHECKED_ON)} checked: docs/training-engine.md), so "
+            "if neither, this CPU breaks the promise: please report it; the verdicts below are what to compare")
+
+
+# What a CPU of another make or model changes when the kernels are not pinned (pipeline/cpu_numerics.py).
+KNOWN = ("unpinned, MKL's matrix products and vector maths (exp, log, sqrt), torch's fused CPU attention and "
+         "oneDNN's gelu give other bits on other CPU models")
 
 
 if __name__ == "__main__":

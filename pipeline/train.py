@@ -157,6 +157,7 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     tcfg = dict(resolved["train"])
     threads, why = choose_threads(tcfg["threads"])
     torch.set_num_threads(threads)
+    cpu_numerics.engage()  # before the first forward: the CPU's matrix products on the pinned kernel
     if cluster.main:
         print(f"{variant}-{seed}: torch CPU threads {why}", flush=True)
     # Late in training, tiny gradients and Adam moments become denormal floats, which x86 CPUs

@@ -11,6 +11,10 @@ import pytest
 import pipeline  # noqa: F401  (first: pins the CPU kernels' code path before torch is imported)
 import torch
 
+from pipeline import cpu_numerics
+
+cpu_numerics.engage()  # the suite runs models on the kernels the stages run them on
+
 from pipeline.download import write_synthetic
 from pipeline.encode import encode
 from pipeline.filter import filter_files
@@ -18,6 +22,19 @@ from pipeline.params import FilterParams, TrainBpeParams
 from pipeline.train_bpe import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def torch_fused_kernel():
+    """CPU attention on torch's fused kernel, as cfg says, not the written-out formula that
+    cpu_numerics.engage routes it to: for the tests that compare the two."""
+    from model import attention
+
+    routed = "cpu" in attention.WRITTEN_OUT_ON
+    attention.WRITTEN_OUT_ON.discard("cpu")
+    yield
+    if routed:
+        attention.WRITTEN_OUT_ON.add("cpu")
 
 
 @pytest.fixture(autouse=True, scope="session")

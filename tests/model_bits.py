@@ -19,8 +19,8 @@ eight models.
 Rerecording after adding a switch adds its models and changes no recorded one (the fixture's diff
 is additions only); a changed line means a model changed: only when that is meant.
 
-The forward and gradient bits hold where torch's CPU kernels are pinned (pipeline/cpu_numerics.py,
-x86-64) and at one thread, as the test suite runs; the initial weights anywhere.
+The forward and gradient bits hold where torch's CPU kernels are pinned and its matrix products
+routed (pipeline/cpu_numerics.py: x86-64 with AVX2), at any thread count; the initial weights anywhere.
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ import torch
 
 from model import ModelConfig, build_model
 from model.config import _CHOICES
+from pipeline import cpu_numerics
+
+cpu_numerics.engage()  # as every stage runs its models (pipeline/cpu_numerics.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "model_bits.json"

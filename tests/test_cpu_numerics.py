@@ -1,32 +1,53 @@
-"""The same bits on every x86-64 CPU (pipeline/cpu_numerics.py): a training run started with the
-AVX-512 code paths available and one capped to AVX2 (the way a test can play another CPU:
-MKL_ENABLE_INSTRUCTIONS, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) train the same weights when
-pinned, and different ones when not (so the test can tell)."""
+"""The same bits on every x86-64 CPU with AVX2 (pipeline/cpu_numerics.py).
+
+One machine cannot be two CPU models, but it can play what differs between them: each library's
+choice of code path. MKL's reproducibility branch (on a non-Intel CPU MKL takes its AUTO branch
+whatever MKL_CBWR says), MKL's and ATen's instruction sets, oneDNN's. A training run must give the
+same weights under each of them once the products are routed, and other weights without the
+routing (so that the test can tell). And no op a model runs may be one whose kernel is MKL's or
+oneDNN's: the list below is what torch 2.13 sends there on the CPU (measured: the bits of each
+move with MKL_CBWR; benchmarks/cpu_numerics facts)."""
 from __future__ import annotations
 
+import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline import cpu_numerics
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPPED = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-X86 = platform.machine().lower() in cpu_numerics.X86_64
-# A tiny run in a new process (the settings are read when torch starts), gelu so that oneDNN's
-# kernels are in it as well as MKL's and ATen's; prints a digest of the weights and the curve.
+# Other code paths a CPU of another maker or model takes: each is a "machine" below.
+MACHINES = {"mkl-auto": {"MKL_CBWR": "AUTO"}, "mkl-compatible": {"MKL_CBWR": "COMPATIBLE"},
+            "capped": CAPPED, "onednn-avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}}
+X86 = cpu_numerics.wanted({})
+# torch's CPU ops whose kernels are MKL's (vector maths, products, the fused attention's insides)
+# or oneDNN's: a model's training or evaluation must not run one (sqrt is routed: see ROUTED).
+VARYING = {"exp", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "erf", "erfc", "erfinv", "acos",
+           "asin", "atan", "trunc", "_scaled_dot_product_flash_attention_for_cpu",
+           "_scaled_dot_product_flash_attention_for_cpu_backward", "addmv", "addmv_", "mv", "dot", "addbmm", "addbmm_",
+           "addmm_", "baddbmm_", "addr", "_addmm_activation", "mkldnn_linear", "mkldnn_convolution"}
+# A tiny run in a new process (the settings are read when torch starts), gelu and dropout so that
+# oneDNN's and MKL's other kernels would be in it; prints a digest of the weights and the curve.
 TRAIN = """
 import hashlib, sys
 from pathlib import Path
 import pipeline, torch
+from pipeline import cpu_numerics
 from tests.test_trainer import resolved
 from pipeline.train import run
 base, arch = Path(sys.argv[1]), sys.argv[2]
 out = base / sys.argv[3]
+if sys.argv[5] == "0":  # the negative control: torch's own kernels
+    cpu_numerics.engage = lambda: False
 run(base / "shards", "v", 0, resolved({"arch": arch, "ffn": "gelu", "dropout": 0.1}, threads=int(sys.argv[4])), "x",
     out, base / ("c-" + sys.argv[3]))
 digest = hashlib.sha256((out / "train_curve.csv").read_bytes())
@@ -43,10 +64,11 @@ def avx512() -> bool:
         return False
 
 
-def trained(shards: Path, arch: str, tag: str, env: dict, threads: int = 1) -> tuple[str, str]:
+def trained(shards: Path, arch: str, tag: str, env: dict, threads: int = 1, route: bool = True) -> tuple[str, str]:
     """(ATen's capability, digest) of a tiny run in a process started with `env` on top of a clean one."""
     clean = {k: v for k, v in os.environ.items() if k not in cpu_numerics.PINNED and k not in CAPPED}
-    done = subprocess.run([sys.executable, "-c", TRAIN, str(shards), arch, f"{arch}-{tag}", str(threads)],
+    done = subprocess.run([sys.executable, "-c", TRAIN, str(shards), arch, f"{arch}-{tag}", str(threads),
+                           "1" if route else "0"],
                           cwd=ROOT, env={**clean, "ABLATION_LAB_TRACKING": "0", "PYTHONPATH": str(ROOT), **env},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -55,33 +77,114 @@ def trained(shards: Path, arch: str, tag: str, env: dict, threads: int = 1) -> t
 
 
 def test_pin_sets_each_library_unless_turned_off_or_set_by_the_user():
-    env = {"MKL_CBWR": "COMPATIBLE"}
+    env = {"MKL_CBWR": "COMPATIBLE", "OPENBLAS_CORETYPE": "SkylakeX"}
     cpu_numerics.pin(env)
-    assert env == ({**cpu_numerics.PINNED, "MKL_CBWR": "COMPATIBLE"} if X86 else {"MKL_CBWR": "COMPATIBLE"})
+    assert env == ({**cpu_numerics.PINNED, "MKL_CBWR": "COMPATIBLE"} if X86
+                   else {"MKL_CBWR": "COMPATIBLE", "OPENBLAS_CORETYPE": "SkylakeX"})
     off = {cpu_numerics.SETTING: "0"}
     cpu_numerics.pin(off)
     assert off == {cpu_numerics.SETTING: "0"}
 
 
-@pytest.mark.skipif(not X86, reason="the pinning is for x86-64 (elsewhere a report says its numbers are the machine's)")
+@pytest.mark.skipif(not X86, reason="the pinning is for x86-64 with AVX2 (elsewhere a report says its numbers are the machine's)")
 def test_this_process_runs_the_pinned_code_path():
-    import torch  # noqa: F401  (conftest imported pipeline first, as every stage does)
-
-    described = cpu_numerics.describe()
+    described = cpu_numerics.describe()  # conftest engaged it, as every stage does
     assert described["pinned"] and described["aten_capability"] == "AVX2"
+    assert described["matmul"].startswith("openblas ") and described["matmul"].endswith(" Haswell, 1 thread")
+
+
+@pytest.mark.skipif(not X86, reason="x86-64 only")
+def test_the_routed_kernels_are_numpys_openblas_and_ieee_square_roots():
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(s, generator=g) for s in ((37, 19), (19, 23), (37, 23)))
+    assert torch.equal(a @ b, torch.from_numpy(a.numpy() @ b.numpy()))
+    assert torch.equal(torch.addmm(c, a, b, beta=0.5, alpha=2.0),
+                       torch.from_numpy(a.numpy() @ b.numpy()).mul_(2.0).add_(c, alpha=0.5))
+    w, bias = torch.randn(8, 19, generator=g), torch.randn(8, generator=g)
+    assert torch.equal(F.linear(a, w, bias), torch.from_numpy(a.numpy() @ w.numpy().T) + bias)
+    q, k = torch.randn(2, 3, 5, 4, generator=g), torch.randn(2, 3, 6, 4, generator=g)
+    assert torch.equal(q @ k.transpose(-2, -1), torch.from_numpy(q.numpy() @ k.transpose(-2, -1).numpy()))
+    assert torch.equal(torch.baddbmm(c[None], a[None], b[None], beta=0), torch.from_numpy(a.numpy() @ b.numpy())[None])
+    half = torch.mm(a.bfloat16(), b.bfloat16())
+    assert half.dtype == torch.bfloat16 and torch.equal(half, torch.from_numpy(
+        a.bfloat16().float().numpy() @ b.bfloat16().float().numpy()).bfloat16())
+    x = torch.rand(10_001, generator=g)
+    assert torch.equal(torch.sqrt(x), torch.from_numpy(np.sqrt(x.numpy())))
+    assert torch.equal(torch._foreach_sqrt([x])[0], torch.sqrt(x)) and torch.equal(x.clone().sqrt_(), torch.sqrt(x))
+    # and the gradients go through the same kernel
+    a.requires_grad_()
+    (a @ b).sum().backward()
+    assert torch.equal(a.grad, torch.from_numpy(np.ones((37, 23), np.float32) @ b.numpy().T))
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not X86, reason="x86-64 only")
+def test_no_model_runs_an_op_whose_cpu_kernel_varies_between_cpus():
+    """Every recorded model (tests/model_bits.py: every switch, the study, every preset's variants):
+    built, a training step with the stages' optimizer, an evaluation forward and a greedy decode."""
+    from model.attention import WRITTEN_OUT_ON
+    from model.generate import _greedy_pick, decode_loop
+    from pipeline.training.optim import make_optimizer
+    from tests.model_bits import FIXTURE, ModelConfig, batch, build_model
+
+    with _Ops() as control:  # the detector sees what it is meant to
+        torch.exp(torch.ones(3))
+        WRITTEN_OUT_ON.discard("cpu")
+        try:
+            q = torch.ones(1, 2, 3, 4)
+            F.scaled_dot_product_attention(q, q, q)
+        finally:
+            WRITTEN_OUT_ON.add("cpu")
+    assert {"exp", "_scaled_dot_product_flash_attention_for_cpu"} <= control.seen
+    found = {}
+    for name, record in json.loads(FIXTURE.read_text()).items():
+        with _Ops() as ops:
+            cfg = ModelConfig(**record["config"])
+            model = build_model(cfg).train()
+            src, tgt_in, tgt_out = batch(cfg.vocab_size)
+            _, loss = model(src, tgt_in, tgt_out)
+            loss.backward()
+            make_optimizer(model, 1e-3, (0.9, 0.95), 1e-8, 0.1, torch.device("cpu")).step()
+            model.eval()
+            with torch.no_grad():
+                model(src, tgt_in, tgt_out)
+                decode_loop(model, src, 4, _greedy_pick)
+        if ops.seen & VARYING:
+            found[name] = sorted(ops.seen & VARYING)
+    assert not found, f"ops whose CPU kernel is MKL's or oneDNN's: {found}"
 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.skipif(not X86, reason="x86-64 only")
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
-def test_pinned_training_is_the_same_bits_with_avx512_available_or_capped_to_avx2(tiny_shards, arch):
+def test_pinned_training_is_the_same_bits_on_every_code_path_another_cpu_would_take(tiny_shards, arch):
     native = trained(tiny_shards, arch, "pinned-native", {})
-    capped = trained(tiny_shards, arch, "pinned-capped", CAPPED)
-    assert native[0] == capped[0] == "AVX2"
-    assert native[1] == capped[1]
-    # and at another thread count (MKL's STRICT mode: its sums in one order whatever the threads)
+    assert native[0] == "AVX2"
+    for tag, env in MACHINES.items():
+        assert trained(tiny_shards, arch, f"pinned-{tag}", env) == native, tag
+    # and at another thread count
     assert trained(tiny_shards, arch, "pinned-capped-2", CAPPED, threads=2)[1] == native[1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.skipif(not X86, reason="x86-64 only")
+def test_without_the_routing_another_mkl_branch_trains_other_bits(tiny_shards):
+    """The control: torch's own products and vector maths, pinned as before issue #59, still move
+    with MKL's branch, which is what a CPU of another maker changes."""
+    own = trained(tiny_shards, "decoder_only", "own-strict", {}, route=False)
+    other = trained(tiny_shards, "decoder_only", "own-compatible", {"MKL_CBWR": "COMPATIBLE"}, route=False)
+    assert own[1] != other[1]
 
 
 @pytest.mark.multiprocess

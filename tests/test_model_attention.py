@@ -41,6 +41,7 @@ def test_combine_masks_keeps_plain_causal_as_flag_and_aligns_cached_queries():
     assert mask.tolist() == [[True, True, True, True, False], [True] * 5]
 
 
+@pytest.mark.usefixtures("torch_fused_kernel")  # torch's kernel, not the routed CPU formula
 @pytest.mark.parametrize("n_heads", [1, 2, 4])
 @pytest.mark.parametrize("cross", [False, True])
 def test_mha_manual_equals_sdpa_forward_and_backward(n_heads, cross):
@@ -82,6 +83,7 @@ def _batch(seed=0):
     return src, tgt, out
 
 
+@pytest.mark.usefixtures("torch_fused_kernel")  # torch's kernel, not the routed CPU formula
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("positional", POSITIONALS)
 def test_model_manual_equals_sdpa_forward_and_backward(arch, positional):

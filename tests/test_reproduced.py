@@ -55,3 +55,23 @@ def test_a_missing_file_is_one_line_naming_it(repo, capsys):
     assert exit.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "reports/fingerprint.json" in err and "No such file" in err
+
+
+def test_models_differing_under_other_kernels_say_so_and_point_at_the_verdicts(repo, capsys):
+    routed = "pinned (AVX2; products: openblas 0.3.31 Haswell, 1 thread)"
+    changed = {**FINGERPRINT, "models": {**FINGERPRINT["models"], "baseline-0": "c" * 64},
+               "cpu_numerics": {"baseline-0": routed, "no_positional-0": routed}}
+    (repo / "reports" / "fingerprint.json").write_text(json.dumps(changed))
+    assert main([]) == 1
+    out = capsys.readouterr().out
+    assert f"ran its CPU kernels as pinned (AVX2), this one as {routed}: other kernels, other bits" in out
+    assert "compare the verdicts below" in out
+
+
+def test_models_differing_though_pinned_alike_name_what_to_look_for(repo, capsys):
+    changed = {**FINGERPRINT, "models": {**FINGERPRINT["models"], "baseline-0": "c" * 64}}
+    (repo / "reports" / "fingerprint.json").write_text(json.dumps(changed))
+    assert main([]) == 1
+    out = capsys.readouterr().out
+    assert "both ran pinned alike, so the same bits were promised" in out
+    assert "constraints.txt" in out and "docs/training-engine.md" in out and "please report it" in out

@@ -102,6 +102,7 @@ def test_the_last_row_is_the_plain_mean_of_the_values_whatever_its_scores(impl):
     assert (weights[:, :, -1] == 1 / 7).all() and (weights[:, :, :-1].tril() == 0).all()
 
 
+@pytest.mark.usefixtures("torch_fused_kernel")  # torch's kernel, not the routed CPU formula
 @pytest.mark.parametrize("arch", FUTURE_ARCHS)
 @pytest.mark.parametrize("positional", POSITIONALS)
 def test_future_only_manual_equals_sdpa_forward_and_backward(arch, positional):

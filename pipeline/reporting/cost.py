@@ -127,9 +127,11 @@ def numerics_note(trains: Sequence[dict]) -> str:
         return ("CPU numerics: not recorded (train.json files from before pipeline/cpu_numerics.py), so whether "
                 "another CPU model would train the same bits is unknown.")
     if all(n["pinned"] for n in seen):
-        return ("CPU numerics: pinned to the AVX2 code path in every CPU run (MKL_CBWR=AVX2,STRICT, "
-                "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; pipeline/cpu_numerics.py): any x86-64 CPU "
-                "with AVX2 trains the same bits from the same params, with any number of threads.")
+        products = sorted({n.get("matmul") or "MKL" for n in seen})
+        return ("CPU numerics: pinned in every CPU run (ATen's AVX2 code; matrix products and square roots on "
+                f"{', '.join(products)}; pipeline/cpu_numerics.py): the same params train the same bits on any "
+                "x86-64 CPU with AVX2 and the same packages (constraints.txt), with any number of threads; "
+                "checked on the CPU models docs/training-engine.md names.")
     own = sorted({f"{n['machine']}, ATen {n['aten_capability']}" for n in seen if not n["pinned"]})
     return (f"CPU numerics: not pinned in {sum(not n['pinned'] for n in seen)} of {len(seen)} CPU runs ("
             f"{'; '.join(own)}; ABLATION_LAB_PIN_CPU=0 or not x86-64): their numbers are this machine's, and "

@@ -32,6 +32,13 @@ def fingerprint(runs_dir: Path, variants: Sequence[str], seeds: Sequence[int], t
                 models[f"{v}-{s}"] = sha256(path)
             described = (trains.get((v, s)) or {}).get("cpu_numerics")
             if described is not None:
-                numerics[f"{v}-{s}"] = "pinned (AVX2)" if described.get("pinned") else (
-                    f"not pinned ({described.get('machine')}, ATen {described.get('aten_capability')})")
+                numerics[f"{v}-{s}"] = label(described)
     return {"models": models, "cpu_numerics": numerics}
+
+
+def label(described: dict) -> str:
+    """One run's train.json cpu_numerics in a few words: equal labels, the same kernels."""
+    if not described.get("pinned"):
+        return f"not pinned ({described.get('machine')}, ATen {described.get('aten_capability')})"
+    products = described.get("matmul")
+    return f"pinned (AVX2; products: {products})" if products else "pinned (AVX2; products: MKL)"
