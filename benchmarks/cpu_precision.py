@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.train_loop import build_shards, new_model
+from pipeline import cpu_numerics
 from pipeline.training import trainer
 from pipeline.training.batching import load_split, read_manifest
 from pipeline.training.device import autocast
@@ -65,6 +66,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
     scratch = Path(tempfile.mkdtemp(prefix="bench-cpu-precision-"))
     try:
         shards = build_shards(scratch / "data", args.examples, args.vocab)

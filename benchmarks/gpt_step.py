@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model import ModelConfig, build_model
+from pipeline import cpu_numerics
 
 
 def gpt_config(vocab_size: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, context: int) -> ModelConfig:
@@ -99,6 +100,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
     torch.set_flush_denormal(True)  # as the train stage does
     built = steps(args)
     step = built["step"]

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from model.knockout import knockout, plan, record_means
+from pipeline import cpu_numerics
 from pipeline.params import knockout_seeds, load_params, model_config, resolve_variant
 from pipeline.training.optim import make_optimizer
 
@@ -48,6 +49,7 @@ def main() -> None:
         raise SystemExit("knockout_cost: language-modelling presets only (the default study's cost is measured "
                          "by running it: docs/fair-comparisons-and-knockouts.md, Knock-outs)")
     torch.set_num_threads(args.threads)
+    cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
     torch.manual_seed(0)
     from model import build_model
 

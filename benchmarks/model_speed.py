@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from model import ModelConfig, build_model
 from model.positions import sinusoidal_table
+from pipeline import cpu_numerics
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -139,6 +140,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+        cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
     dtype = DTYPES[args.dtype]
     torch.manual_seed(0)
     base = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_heads=args.heads,

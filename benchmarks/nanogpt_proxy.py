@@ -37,6 +37,7 @@ from torch import nn
 
 from benchmarks.nanogpt_reference import GPT, GPTShape, lr_at, optimizer
 from model import ModelConfig, build_model
+from pipeline import cpu_numerics
 from pipeline.atomic import atomic_path
 from pipeline.params import TrainParams, load_params, resolve_variant
 from pipeline.training import trainer
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.text.is_file():
         sys.exit(f"nanogpt_proxy: {args.text}: no such file (Tiny Shakespeare's input.txt; pass --text)")
     torch.set_num_threads(args.threads)
+    cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
     torch.set_flush_denormal(True)  # as the train stage does
     text = args.text.read_text(encoding="utf-8")
     runs: dict[str, list[dict]] = {"ours": [], "nanogpt": []}

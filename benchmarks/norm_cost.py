@@ -23,6 +23,7 @@ from benchmarks.gpt_step import gpt_config
 from benchmarks.model_speed import make_batch, make_step, time_interleaved
 from model import ModelConfig, build_model
 from model.norm import LayerNorm
+from pipeline import cpu_numerics
 
 
 def with_torch_layernorm(model: nn.Module) -> nn.Module:
@@ -64,6 +65,7 @@ def main() -> None:
         per_threads, bits = {}, {"ours": set(), "torch_ln": set()}
         for threads in args.threads:
             torch.set_num_threads(threads)
+            cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
             torch.manual_seed(0)
             ours = build_model(cfg).train()
             plain = with_torch_layernorm(build_model(cfg).train())

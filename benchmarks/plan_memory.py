@@ -29,10 +29,12 @@ def hwm_rss():
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
     return int(fields["VmHWM"].split()[0]) * 1024, int(fields["VmRSS"].split()[0]) * 1024
 from model import build_model
+from pipeline import cpu_numerics
 from pipeline.params import load_params, model_config, resolve_variant
 from pipeline.planning.estimate import tokenizer_ids
 from pipeline.training.optim import make_optimizer
 torch.set_num_threads(1)
+cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
 params = load_params(sys.argv[1])
 resolved = resolve_variant(params, params.report.baseline)
 t = resolved["train"]

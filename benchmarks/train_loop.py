@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline import cpu_numerics
 from pipeline.params import FilterParams, TrainBpeParams, TrainParams
 from pipeline.training import trainer
 from pipeline.training.batching import lm_batches, lm_collate, lm_token_file, load_split, read_manifest, seq2seq_batches
@@ -129,6 +130,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+        cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
     device = resolve_device(args.device)
     scratch = Path(tempfile.mkdtemp(prefix="bench-train-loop-"))
     try:

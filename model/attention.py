@@ -35,16 +35,17 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         out, weights = scaled_dot_product_attention(*_with_detached_copy(q, k, v), attn_mask=attn_mask,
                                                     dropout_p=dropout_p, is_causal=is_causal)
         return out[:1], weights[:1]
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, Lq, Lk)
+    # The scale on q, not on the (Lq, Lk) scores; masks as -inf added, whose backward is free: each
+    # saves a pass over the scores both ways, which is most of this path's time at small head sizes.
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, H, Lq, Lk)
     if is_causal:
         lq, lk = scores.shape[-2:]
-        causal = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
+        scores = scores + torch.full((lq, lk), float("-inf"), dtype=scores.dtype, device=q.device).triu(1)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        else:
-            scores = scores + attn_mask
+            attn_mask = torch.zeros(attn_mask.shape, dtype=scores.dtype, device=q.device).masked_fill(
+                ~attn_mask, float("-inf"))
+        scores = scores + attn_mask
     weights = _softmax(scores)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights

@@ -4,7 +4,8 @@
 Stages      check_params, download, filter, train_bpe, encode, train, evaluate, report
 Not a stage preset (switch params.yaml to a preset)
 Shared      params (the params.yaml schema), atomic (temp file + rename), tracking (MLflow store),
-            cpu_numerics (the same bits on every x86-64 CPU: pinned here, before anything imports torch)
+            cpu_numerics (the same bits on every x86-64 CPU with AVX2: pinned here, before anything
+            imports torch; engaged by each stage once it has)
 Rooms       sources/ (datasets, used by download), training/ (the engine of train and evaluate),
             scoring/ (task metrics and output checks of evaluate), reporting/ (the report's engine)
 """

@@ -120,7 +120,7 @@ def _register(torch):
 
     def product(a, b):
         x, y = as_blas(a), as_blas(b)
-        shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        shape = (*a.shape[:-1], b.shape[-1])  # mm and bmm: no broadcasting (their batches are equal)
         out = torch.empty(shape, dtype=torch.float32 if a.dtype in half else a.dtype)
         with np.errstate(all="ignore"):  # an overflow is torch's to report (a non-finite loss), as its own kernel
             np.matmul(x, y, out=out.numpy())
