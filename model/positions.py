@@ -83,18 +83,18 @@ def relative_bucket(rel: Tensor, bidirectional: bool, num_buckets: int, max_dist
     else:
         dist = (-rel).clamp(min=0)
     max_exact = num_buckets // 2
-    large = _log_buckets(num_buckets, max_exact, max_distance).to(rel.device)
+    large = _log_buckets(num_buckets, max_exact, max_distance, rel.device)
     return bucket + torch.where(dist < max_exact, dist, large[dist.clamp(max=max_distance)])
 
 
 @functools.lru_cache(maxsize=None)
-def _log_buckets(num_buckets: int, max_exact: int, max_distance: int) -> Tensor:
+def _log_buckets(num_buckets: int, max_exact: int, max_distance: int, device: torch.device) -> Tensor:
     """The log-spaced bucket of each distance 0..max_distance (those under max_exact unused), by
     Python's math: torch.log's CPU kernel is MKL's, whose bits differ between CPU makers
     (pipeline/cpu_numerics.py), and one ulp moves a distance across a bucket's edge."""
     span = math.log(max_distance / max_exact)
     return torch.tensor([min(max_exact + int(math.log(max(d, 1) / max_exact) / span * (num_buckets - max_exact)),
-                             num_buckets - 1) for d in range(max_distance + 1)])
+                             num_buckets - 1) for d in range(max_distance + 1)], device=device)
 
 
 class RelativePositionBias(nn.Module):

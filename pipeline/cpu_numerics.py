@@ -12,7 +12,9 @@ the last bits; 400 training steps amplify that into other weights. Two steps:
    - OPENBLAS_CORETYPE=Haswell   the matrix products' kernel (step 2): OpenBLAS's AVX2 kernel, one
      OPENBLAS_NUM_THREADS=1      thread (its threaded split changes the sums' order)
 2. `engage` (after torch is imported: the stages, the tests and the benchmarks call it) routes
-   torch's CPU matrix products (mm, addmm, bmm, baddbmm) to numpy's OpenBLAS on that kernel.
+   torch's CPU matrix products (mm, addmm, bmm, baddbmm) to numpy's OpenBLAS on that kernel and
+   its square roots to numpy's (IEEE 754 rounds those correctly: any implementation, the same
+   bits), turns oneDNN off and sends CPU attention through the written-out formula.
 
 Why not MKL: its reproducibility branches hold on Intel CPUs only ("on non-Intel CPUs the AUTO
 branch is used"), and even on one Intel CPU the AVX2 branch gives other bits for small products
@@ -85,8 +87,13 @@ def engage() -> bool:
 
     import model.attention
 
-    import numpy  # noqa: F401  (loads OpenBLAS, which reads OPENBLAS_CORETYPE now)
-    blas = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    import numpy  # loads its OpenBLAS, which reads OPENBLAS_CORETYPE now
+
+    # numpy's own (scipy, once imported, brings another, which numpy's matmul does not use)
+    home = os.path.dirname(os.path.dirname(numpy.__file__))
+    blas = [i for i in threadpool_info() if i.get("internal_api") == "openblas"
+            and os.path.basename(os.path.dirname(i.get("filepath", ""))).startswith("numpy")
+            and i.get("filepath", "").startswith(home)]
     _state["kernel"] = blas[0].get("architecture") if blas else None
     _state["openblas"] = blas[0].get("version") if blas else None
     if _state["kernel"] != KERNEL:

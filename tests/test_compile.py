@@ -102,6 +102,7 @@ def test_without_the_padding_a_batch_of_one_example_compiles_again():
     assert counter.frame_count > 1
 
 
+@pytest.mark.usefixtures("torch_fused_kernel")  # CUDA's fused attention, played on the CPU
 @pytest.mark.parametrize("multiple, graphs", [(1, "several"), (ATTENTION_ALIGN, "one")])
 def test_lengths_in_multiples_of_eight_keep_the_cuda_attention_guards_true(multiple, graphs):
     """The encoder-decoder's attention sees the source and target lengths; padded to multiples of
@@ -141,6 +142,7 @@ def test_the_padding_changes_neither_the_loss_nor_the_gradients(arch):
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.usefixtures("torch_fused_kernel")  # CUDA's fused attention, played on the CPU
 def test_a_compiled_training_run_compiles_its_step_once(tiny_shards, tmp_path, monkeypatch):
     """Through the train stage as tests/test_gpu.py runs it on CUDA (bf16 autocast, fused AdamW,
     evaluation and checkpoints between steps), with CUDA's attention guards: length-bucketed

@@ -196,8 +196,10 @@ def mean_batch(cell: str | None) -> tuple[float, float, float] | None:
 # not a machine speed: its runs counted FLOPs another way (the formula changed since), so its walls
 # are taken as they are. The days measured here moved by -15% and +12% (1.61e11 and 2.12e11 FLOP/s
 # against 1.89e11); multi30k_comparisons_cpu's 3.92e11, counted another way, reads 1.85x against
-# 2.12e11, so a band as wide as 2x let it pass as a fast day.
-PLAUSIBLE_SPEED = (2 / 3, 1.5)
+# 2.12e11, so a band as wide as 2x let it pass as a fast day. Slower reaches further: the default
+# study's report of 2026-11-28 ran on another CPU model (an Intel Xeon, the studies an AMD EPYC)
+# with the products routed to one OpenBLAS thread (pipeline/cpu_numerics.py), at 8.25e10: 0.39x.
+PLAUSIBLE_SPEED = (1 / 3, 1.5)
 
 
 def day_speed(report: Path, reference: float) -> float:
