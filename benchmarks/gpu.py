@@ -12,8 +12,8 @@ default runs study, study_warm, bench, tests; spread, recipe and seed only when 
               the last step's model's validation loss, and wall time;
   study       the nanogpt_shakespeare_char study the same way (12 runs, evaluate, knock-outs, report),
               every stage a new process (the launcher's --cold);
-  study_warm  the same study again in the same call, its stages served warm (--warm): the two
-              decide whether warm starts should be on by default on a GPU machine;
+  study_warm  the same study again in the same call, its stages served warm (--warm, the default):
+              the two keep the default honest on each GPU it meets;
   bench       the 124M GPT benchmark (benchmarks/gpu_bench.py): ours, a nanoGPT-style GPT and a
               torch.nn reference, eager and compiled, bf16, and compiled again at a larger
               micro-batch: tokens/s, MFU, step ratios, the attention kernels the compiled step ran;
@@ -57,9 +57,8 @@ from pipeline.atomic import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The parts that run a whole study: (preset, the grid launcher's options, the output folder's name).
-# study and study_warm: the same study cold and warm in one call, so the default for a GPU machine
-# (pipeline.grid.warm_wanted) is decided by two runs on the same machine; recipe and seed take the
-# launcher's default.
+# study and study_warm: the same study cold (--cold) and warm (--warm, the launcher's default since
+# run 10's two decided it: pipeline.grid.warm_wanted) in one call; recipe and seed take the default.
 STUDY_PARTS = {"spread": (gpu_spread.NAME, "", gpu_spread.NAME),  # a generated preset (STUDY_PRESET_FILE)
                "recipe": ("nanogpt_shakespeare_char_gpu", "", "nanogpt_shakespeare_char_gpu"),
                "study": ("nanogpt_shakespeare_char", "--cold", "nanogpt_shakespeare_char"),
@@ -71,17 +70,14 @@ STUDY_PARTS = {"spread": (gpu_spread.NAME, "", gpu_spread.NAME),  # a generated 
 # spread (only when named: it needs a call of its own, below), recipe (one seed of the GPU recipe,
 # measured in run 6, so only when named), the study cold then warm, the 124M benchmark, the tests
 # last (a deadline cuts them mid-way and their log still says which passed), seed only when named.
-# spread: a plan, not a measurement (docs/gpu.md, "Running it"). One seed of the recipe alone on the
-# H200 trained for 75.85 s of loop (run 6; its train stage 88 s, the study 121 s). Ten side by side
-# share the GPU by time slices (the processes' kernels do not overlap), so they gain only what one
-# run leaves the GPU idle: between 131 s of loops (all 10 runs' FLOPs at the 124M benchmark's MFU
-# 0.45) and 759 s (no gain, 10 x 75.85 s); planned at ~5 x one run, ~380 s, plus ~70 s of data
-# stages, compiling, evaluate, report and the scratch set-up: ~450 s, so a 480 s limit, under the
-# default deadline. With the machine's start and set-up that is ~9.5 of the 15-minute window: no
-# room for a rerun nor for the default parts, so it is not among them (GPU_ARGS="--parts spread").
-# study: on the H200 its part took 101-112 s cold (runs 1 and 4: the grid 88 s and 98 s plus the
-# scratch set-up and run.json) and 92 s warm (run 5: grid 75 s); a 110 s limit cut it (run 7).
-LIMITS = {"spread": 480, "recipe": 200, "study": 140, "study_warm": 140, "bench": 150, "tests": 130, "seed": 150}
+# spread: run 8 took 491.8 s (its limit then 480 s: the part's wall counts the scratch set-up and the
+# summary after the grid); it needs a call of its own (GPU_ARGS="--parts spread").
+# study / study_warm: run 10's parts took 105.3 s cold and 92.6 s warm (run 9: 98.3 s cold).
+# bench: run 10's, with seven compiled graphs, was cut at 180 s after its first phase (3 graphs at
+# 32 x 1024, 62.6 s of compiling); the second phase compiles three (ours, nanoGPT-style, reference
+# at 16 x 1024), as run 6's 120 s bench did with five graphs in all.
+# tests: run 11 passed all in 120.2 s (run 10's 130 s limit cut two); pytest alone ~120 s.
+LIMITS = {"spread": 500, "recipe": 200, "study": 110, "study_warm": 100, "bench": 160, "tests": 130, "seed": 150}
 DEFAULT_PARTS = ("study", "study_warm", "bench", "tests")
 DEADLINE_S = 500
 # nanoGPT README, train_shakespeare_char on one A100: the best in-loop estimate of one run (every
@@ -90,7 +86,7 @@ NANOGPT_VAL_LOSS = 1.4697
 TARGETS = {  # figure: (comparison, threshold), as the GPU issues state them
     "setup_s": ("<=", 30),
     "tests_not_passed": ("<=", 0),
-    "mfu_compiled": (">=", 0.45),
+    "mfu_compiled": (">=", 0.50),  # GPU issue #60
     "ours_over_nanogpt_style_step": ("<=", 1.0),
     "ours_over_reference_step": ("<=", 0.9),
     "compiled_over_eager_step": ("<=", 0.8),

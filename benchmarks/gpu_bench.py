@@ -5,12 +5,17 @@ head), each eager and torch.compile'd, timed interleaved step for step in one pr
 are fair: ours (model/), a nanoGPT-style GPT (benchmarks/gpt_step.py's MinimalGPT: fused q/k/v,
 fused causal attention, one module per block) and a reference built only from torch.nn's own
 Transformer modules. tokens/s and MFU (training FLOPs per token by the train stage's formula, over
-the device's datasheet peak).
+the device's datasheet peak), each the median of --repeats timings, with the lowest and highest MFU
+of those repeats beside it (`mfu_range`).
+
+`ours_loss_only` is ours compiled through LossOnly (the step returns the loss alone, as the
+nanoGPT-style model does): whether a compiled graph that need not hand the
+batch x 1024 x 50304 logits out is faster (docs/gpu.md's logits hypothesis).
 
 Run: python -m benchmarks.gpu_bench --result bench.json [--batch 16 --large-batch 32 --steps 10 --repeats 5]
-The result file is rewritten after each phase (first ours and the nanoGPT-style model compiled,
-then both again at the larger micro-batch, then all six runs interleaved), so a run stopped at a
-time limit keeps what it measured.
+The result file is rewritten after each phase (first the MFU question: ours, ours_loss_only and
+the nanoGPT-style model compiled at the larger micro-batch; then all six runs interleaved at
+--batch, eager and compiled), so a run stopped at a time limit keeps what it measured.
 """
 from __future__ import annotations
 
@@ -58,6 +63,17 @@ class ReferenceGPT(nn.Module):
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
 
+class LossOnly(nn.Module):
+    """A model whose step returns the loss alone: compiled, its graph need not hand the logits out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args) -> tuple[None, Tensor]:
+        return None, self.model(*args)[1]
+
+
 class NanoGPTStyle(MinimalGPT):
     """MinimalGPT called the way our models are: (src, tgt_in, tgt_out) -> (logits or None, loss)."""
 
@@ -96,12 +112,12 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
               write: Callable[[dict], None] | None = None, large_batch: int | None = None) -> dict:
     """tokens/s and MFU of the three models, eager (and compiled), interleaved step for step.
 
-    Compiled, the target figures come first: ours and the nanoGPT-style model are compiled and timed
-    against each other at `batch` (phase 1), then again at `large_batch` sequences a step (phase 2,
-    the larger micro-batch nanoGPT and llm.c use at this size; its own graphs), then the reference
-    is compiled and the six runs at `batch` are timed together (the last phase, whose figures
-    replace phase 1's). `write(out)` is called after each phase. `mfu_compiled` is ours at the
-    batch that gave the higher MFU (`mfu_compiled_batch`)."""
+    Compiled, the MFU question comes first: ours, ours through LossOnly and the nanoGPT-style
+    model compiled and timed against each other at `large_batch` sequences a step (phase 1, the
+    micro-batch nanoGPT and llm.c use at this size; its own static graphs), then the reference is
+    compiled and the three models eager and compiled at `batch` are timed together (phase 2).
+    `write(out)` is called after each phase. `mfu_compiled` is the best of ours' compiled runners
+    (`mfu_compiled_runner`, at `mfu_compiled_batch`), its repeats' range beside it."""
     cfg = gpt_config(**shape)
     torch.manual_seed(0)
     models = {name: build(cfg, name).to(device).train() for name in MODELS}
@@ -134,13 +150,19 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
         # dynamic=False: the second batch size compiles its own static graph, as a run at that
         # batch would, instead of turning the first into a dynamic-shape one.
         compiled = {name: torch.compile(m, dynamic=False) for name, m in models.items()}
-        runs.update({f"{name}_compiled": stepper(m, compiled[name], batch) for name, m in models.items()})
-        phases = [["ours_compiled", "nanogpt_style_compiled"]]
+        compiled["ours_loss_only"] = torch.compile(LossOnly(models["ours"]), dynamic=False)
+        owner = {**{n: n for n in models}, "ours_loss_only": "ours"}  # whose parameters a runner trains
+        # The MFU question first, at the larger micro-batch (the higher MFU in run 6): ours, ours
+        # returning the loss alone, the nanoGPT-style model; then the three models at `batch`.
+        first = ["ours", "ours_loss_only", "nanogpt_style"]
+        at_batch = list(models) if large_batch and large_batch != batch else list(compiled)
+        runs.update({f"{name}_compiled": stepper(models[owner[name]], compiled[name], batch) for name in at_batch})
         if large_batch and large_batch != batch:
-            large = {f"{name}_compiled_b{large_batch}": stepper(models[name], compiled[name], large_batch)
-                     for name in ("ours", "nanogpt_style")}
-            phases.append(list(large))
-        phases.append(list(runs))  # all six at `batch`
+            large = {f"{name}_compiled_b{large_batch}": stepper(models[owner[name]], compiled[name], large_batch)
+                     for name in first}
+            phases = [list(large), list(runs)]
+        else:
+            phases = [[f"{name}_compiled" for name in first], list(runs)]
         runs.update(large)
 
     def batch_of(name: str) -> int:
@@ -174,30 +196,42 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
             continue
         finally:
             out["warmup_and_compile_s"] = round(out["warmup_and_compile_s"] + time.perf_counter() - start, 1)
-        timed = time_interleaved({n: runs[n] for n in phase}, repeats=repeats, warmup=0, device=device.type)["wall"]
+        timing = time_interleaved({n: runs[n] for n in phase}, repeats=repeats, warmup=0, device=device.type)
+        timed = timing["wall"]
         for name, seconds in timed.items():
-            tps = batch_of(name) * cfg.max_len * steps / seconds
+            tokens = batch_of(name) * cfg.max_len * steps
             out[name] = {"batch": batch_of(name), "step_ms": round(1000 * seconds / steps, 2),
-                         "tokens_per_s": round(tps), "mfu": round(flops * tps / peak, 4) if peak else None}
+                         "tokens_per_s": round(tokens / seconds), "mfu": round(flops * tokens / seconds / peak, 4)
+                         if peak else None, "repeats": len(timing["wall_all"][name])}
+            if peak:
+                every = [flops * tokens / s / peak for s in timing["wall_all"][name]]
+                out[name]["mfu_range"] = [round(min(every), 4), round(max(every), 4)]
         ratios = {"ours_over_nanogpt_style_step": ("ours", "nanogpt_style", mode),
                   "ours_over_reference_step": ("ours", "reference", mode),
                   "ours_over_nanogpt_style_step_eager": ("ours", "nanogpt_style", "eager"),
                   "ours_over_reference_step_eager": ("ours", "reference", "eager"),
                   "compiled_over_eager_step": ("ours", "ours", None)}
+        if compile_models:
+            ratios["loss_only_over_ours_step"] = ("ours_loss_only", "ours", "compiled")
         if large_batch:
             ratios["ours_over_nanogpt_style_step_large_batch"] = ("ours", "nanogpt_style", f"compiled_b{large_batch}")
+            ratios["loss_only_over_ours_step_large_batch"] = ("ours_loss_only", "ours", f"compiled_b{large_batch}")
+            ratios["loss_only_over_nanogpt_style_step_large_batch"] = (
+                "ours_loss_only", "nanogpt_style", f"compiled_b{large_batch}")
         for key, (a, b, m) in ratios.items():
             num, den = (f"{a}_compiled", f"{b}_eager") if m is None else (f"{a}_{m}", f"{b}_{m}")
             if num in timed and den in timed:
                 out[key] = round(timed[num] / timed[den], 3)
-        ours = [n for n in runs if n.startswith("ours_compiled") and n in out]
+        ours = [n for n in runs if n.startswith(("ours_compiled", "ours_loss_only_compiled")) and n in out]
         if ours:
             best = max(ours, key=lambda n: out[n]["mfu"] or 0.0)
             out["mfu_compiled"], out["mfu_compiled_batch"] = out[best]["mfu"], out[best]["batch"]
+            out["mfu_compiled_runner"], out["mfu_compiled_range"] = best, out[best].get("mfu_range")
         out["phases_done"] += 1
-        if device.type == "cuda" and "ours_compiled" in timed and "attention_kernels" not in out:
+        profiled = next((n for n in ("ours_compiled", f"ours_compiled_b{large_batch}") if n in timed), None)
+        if device.type == "cuda" and profiled and "attention_kernels" not in out:
             try:
-                out["attention_kernels"] = attention_kernels(runs["ours_compiled"])
+                out["attention_kernels"] = attention_kernels(runs[profiled])
             except Exception as exc:  # noqa: BLE001 - the profiler is a diagnostic; the timings stand
                 out["attention_kernels"] = f"not read: {type(exc).__name__}: {exc}"
         if write is not None:

@@ -181,6 +181,47 @@ def spread_figures(project: Path | None, reference: float = NANOGPT_VAL_LOSS) ->
     return out
 
 
+def compare_arms(spread: dict, quantity: str = "best_estimate", alpha: float = round(1 - CONFIDENCE, 10)) -> dict:
+    """Do the two readings of nanoGPT's recipe land on different numbers? Welch's t-test of the
+    arms' finished runs of `quantity` (unequal variances; the arms are separate runs), the
+    difference of their means (the 23a8e701 reading minus today's) with its 95% Welch interval,
+    and, the seeds being shared, the paired t-test by seed beside it. `differ`: Welch's p < alpha."""
+    from scipy import stats as sps
+
+    today, then = (spread["arms"][arm][quantity]["values"] for arm in ARMS)
+    welch = sps.ttest_ind(then, today, equal_var=False)
+    diff = sum(then) / len(then) - sum(today) / len(today)
+    va, vb = (float(sps.tvar(x)) / len(x) for x in (then, today))
+    df = (va + vb) ** 2 / (va ** 2 / (len(then) - 1) + vb ** 2 / (len(today) - 1))
+    half = float(sps.t.ppf(1 - alpha / 2, df)) * math.sqrt(va + vb)
+    seeds = [s for s in spread["seeds"] if all(str(s) in spread["arms"][arm]["per_seed"] for arm in ARMS)]
+    pairs = [[spread["arms"][arm]["per_seed"][str(s)][{"best_estimate": "best_estimate",
+                                                        "whole_split_val_loss": "val_loss"}[quantity]]
+              for s in seeds] for arm in ARMS]
+    paired = sps.ttest_rel(pairs[1], pairs[0]) if len(seeds) > 1 else None
+    return {"quantity": quantity, "arms": list(ARMS), "difference": diff, "ci": [diff - half, diff + half],
+            "welch_t": float(welch.statistic), "welch_df": df, "welch_p": float(welch.pvalue),
+            "paired_seeds": seeds, "paired_p": None if paired is None else float(paired.pvalue),
+            "alpha": alpha, "differ": bool(welch.pvalue < alpha)}
+
+
+def main() -> None:
+    """python -m benchmarks.gpu_spread SPREAD.json OUT.json: the two readings compared, per quantity."""
+    import argparse
+
+    from pipeline.atomic import atomic_path
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("spread", type=Path, help="a `bash run.sh gpu --parts spread` JSON")
+    p.add_argument("out", type=Path)
+    args = p.parse_args()
+    spread = json.loads(args.spread.read_text(encoding="utf-8"))["parts"]["spread"]["spread"]
+    out = {"from": args.spread.name, **{q: compare_arms(spread, q) for q in ("best_estimate", "whole_split_val_loss")}}
+    with atomic_path(args.out) as tmp:
+        tmp.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
 def summary_lines(figures: dict) -> list[str]:
     """One line per arm for the run's printed summary."""
     def show(value: float | None) -> str:
@@ -197,3 +238,7 @@ def summary_lines(figures: dict) -> list[str]:
         lines.append(f"  spread {variant}: {best['n']} runs; best estimate {show(best['mean'])} ({pi}; "
                      f"{ref.get('value')} {against}); whole split {show(whole['mean'])}")
     return lines
+
+
+if __name__ == "__main__":
+    main()

@@ -105,7 +105,8 @@ def time_interleaved(steps: dict[str, Callable[[], None]], repeats: int, warmup:
             wall[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
     return {"wall": {n: statistics.median(t) for n, t in wall.items()},
-            "cpu": {n: statistics.median(t) for n, t in cpu.items()}}
+            "cpu": {n: statistics.median(t) for n, t in cpu.items()},
+            "wall_all": wall}  # every repeat, for a spread beside the median
 
 
 def make_batch(cfg: ModelConfig, batch: int, length: int, device: str,

@@ -41,7 +41,7 @@ from pathlib import Path
 from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
 from pipeline.params import Params, ParamsError, ReportParams, knockout_seeds, load_params, stage_error
 from pipeline.deciding.rounds import seed_order
-from pipeline.reporting import decisions, sweeps
+from pipeline.reporting import decisions, drawing, sweeps
 from pipeline.reporting.claims import check_claims, claims_blocks, claims_summary
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
@@ -49,7 +49,7 @@ from pipeline.reporting.fingerprint import fingerprint
 from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
 from pipeline.reporting.knockout import knockout_blocks, knockout_summary, load_knockouts, mirror_knockouts
 from pipeline.reporting.loss_budget import loss_budget_blocks
-from pipeline.reporting.mlflow_mirror import RunFiles, mirror_runs, run_data
+from pipeline.reporting.mlflow_mirror import RunFiles, import_ahead, mirror_runs, run_data
 from pipeline.reporting.notes import notes_blocks
 from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Paragraph, to_html, to_markdown
@@ -119,8 +119,10 @@ def render_report(
         shutil.rmtree(stale, ignore_errors=True)
     # Built whole in a scratch folder, then each output swapped in atomically: a failure leaves the
     # previous report, and the folder's other contents (reports/studies/) are never touched.
+    # The figures draw in forked children where the stage's command turns that on, while the tables
+    # are made (pipeline.reporting.drawing); meanwhile MLflow's imports load, for the mirror after.
     with tempfile.TemporaryDirectory(prefix=".report-build.", dir=out_dir) as build, \
-            explain_full_disk(out_dir, Path(build)):
+            explain_full_disk(out_dir, Path(build)), drawing.side_by_side():
         tmp = Path(build)
         (tmp / "figures").mkdir(parents=True)
         colors = variant_colors(variants)
@@ -152,7 +154,6 @@ def render_report(
                              decisions.planned_seeds(variants, decide["seeds"], decide["runs"]) if decide else None)
         )
         (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")
-        (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
         # DVC compares metrics.json: the verdict's numbers only; the rest is detail (dvc_files).
         (tmp / "metrics.json").write_text(json.dumps(metrics_summary(results, variants), indent=2) + "\n")
         details = details_summary(results, variants, plateau)
@@ -172,6 +173,8 @@ def render_report(
         curve_tables(runs, tmp / "curves")
         trains = {key: run.train for key, run in runs.items()}
         (tmp / "fingerprint.json").write_text(json.dumps(fingerprint(runs_dir, variants, seeds, trains), indent=2) + "\n")
+        drawing.finish(meanwhile=import_ahead)  # every figure drawn: the HTML embeds them
+        (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
         for item in sorted(tmp.iterdir()):
             with atomic_path(out_dir / item.name) as dst:
                 os.replace(item, dst)
@@ -249,25 +252,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         seeds = params.seeds + sorted({r.seed for r in decide.runs.values()})
         knocked = knockout_seeds(params.knockout.seeds, params.seeds + sorted(
             r.seed for r in decide.runs.values() if r.variant == params.report.baseline))
-        runs = render_report(
-            args.runs, args.evals, args.filter_metrics,
-            variants=[str(v) for v in params.ablations], seeds=seeds,
-            baseline=report.baseline,
-            budget=budget(params.train.model_dump(exclude_unset=True)),  # as params.yaml states it
-            out_dir=args.out_dir,
-            notes=report.notes, reference=report.reference.model_dump() if report.reference else None,
-            primary_metric=report.primary_metric,
-            lr_sweep=params.lr_sweep, main_lr=main_rates(params),
-            scales=[str(s) for s in params.scales],
-            raw_dir=args.raw, shards=args.shards, notes_data_digest=report.notes_data_digest,
-            download_metrics=args.download_metrics,
-            knockout_seeds=knocked, ablations=params.ablations,
-            seed_claims=claims(params),
-            decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin,
-                    "runs": {k: r.model_dump() for k, r in decide.runs.items()}}
-            if decide.looks else None,
-        )
-    except (ReportInputError, DiskFull) as e:
+        with drawing.forking():  # the figures side by side
+            runs = render_report(
+                args.runs, args.evals, args.filter_metrics,
+                variants=[str(v) for v in params.ablations], seeds=seeds,
+                baseline=report.baseline,
+                budget=budget(params.train.model_dump(exclude_unset=True)),  # as params.yaml states it
+                out_dir=args.out_dir,
+                notes=report.notes, reference=report.reference.model_dump() if report.reference else None,
+                primary_metric=report.primary_metric,
+                lr_sweep=params.lr_sweep, main_lr=main_rates(params),
+                scales=[str(s) for s in params.scales],
+                raw_dir=args.raw, shards=args.shards, notes_data_digest=report.notes_data_digest,
+                download_metrics=args.download_metrics,
+                knockout_seeds=knocked, ablations=params.ablations,
+                seed_claims=claims(params),
+                decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin,
+                        "runs": {k: r.model_dump() for k, r in decide.runs.items()}}
+                if decide.looks else None,
+            )
+    except (ReportInputError, DiskFull, drawing.DrawingError) as e:
         raise stage_error("report", e) from None
     log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
     if decide.looks:  # MLflow tags each run with the round that added it

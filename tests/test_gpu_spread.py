@@ -168,3 +168,38 @@ def test_study_sh_names_a_missing_generated_preset():
     proc = subprocess.run(["bash", "scripts/study.sh", "x"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "STUDY_PRESET_FILE": "/nonexistent/x.yaml"})
     assert proc.returncode == 2 and proc.stderr.strip() == "study: no preset '/nonexistent/x.yaml'"
+
+
+def spread_of(today: list[float], then: list[float]) -> dict:
+    arms = {}
+    for arm, values in zip(ARMS, (today, then)):
+        arms[arm] = {"best_estimate": {"values": values},
+                     "per_seed": {str(s): {"best_estimate": v, "val_loss": v} for s, v in enumerate(values)}}
+    return {"seeds": list(range(len(today))), "arms": arms}
+
+
+def test_the_two_readings_are_compared_by_welch_and_by_seed():
+    """Welch's t-test against scipy's own and a hand-made interval; equal arms do not differ."""
+    from scipy import stats as sps
+
+    today, then = [1.4666, 1.4603, 1.4629, 1.4632, 1.4627], [1.4774, 1.4652, 1.4746, 1.4771, 1.4720]
+    got = gpu_spread.compare_arms(spread_of(today, then))
+    assert got["welch_p"] == pytest.approx(sps.ttest_ind(then, today, equal_var=False).pvalue)
+    assert got["paired_p"] == pytest.approx(sps.ttest_rel(then, today).pvalue)
+    assert got["difference"] == pytest.approx(np.mean(then) - np.mean(today))
+    lo, hi = got["ci"]
+    assert lo < got["difference"] < hi and (lo > 0) == got["differ"] is True
+    # the Welch interval excludes 0 exactly when Welch's p is below alpha
+    same = gpu_spread.compare_arms(spread_of(today, [v + 0.0001 * (-1) ** i for i, v in enumerate(today)]))
+    assert not same["differ"] and same["ci"][0] < 0 < same["ci"][1]
+
+
+def test_the_committed_comparison_is_what_the_committed_spread_gives():
+    """reports/gpu/h200_run8_spread_readings.json, which docs/gpu.md cites, recomputed from run 8."""
+    committed = json.loads((ROOT / "reports/gpu/h200_run8_spread_readings.json").read_text())
+    spread = json.loads((ROOT / "reports/gpu" / committed["from"]).read_text())["parts"]["spread"]["spread"]
+    for quantity in ("best_estimate", "whole_split_val_loss"):
+        again = json.loads(json.dumps(gpu_spread.compare_arms(spread, quantity)))
+        assert set(again) == set(committed[quantity])
+        for key, value in again.items():
+            assert committed[quantity][key] == (pytest.approx(value) if isinstance(value, (float, list)) else value), key

@@ -67,6 +67,7 @@ def sweep_project(root: Path, values: dict, diverged: tuple = ()) -> None:
     write_params(root, lr_sweep=[0.01])
 
 
+@pytest.mark.multiprocess  # the report stage's command draws its figures in forked children
 def test_the_rate_is_chosen_on_validation_loss_never_on_test(tmp_path):
     # Validation prefers 0.001 for both variants, test prefers 0.01: a choice that read the test
     # split would pick 0.01.
@@ -84,6 +85,7 @@ def test_the_rate_is_chosen_on_validation_loss_never_on_test(tmp_path):
     assert (tmp_path / "reports/figures/lr_sweep.png").stat().st_size > 0
 
 
+@pytest.mark.multiprocess  # the report stage's command draws its figures in forked children
 def test_a_rate_where_a_seed_diverged_is_never_chosen(tmp_path):
     # At 0.01 the two surviving seeds of `slow` are far better, but seed 2 diverged.
     sweep_project(tmp_path, {("baseline", 0.001): (2.0, 2.0), ("baseline", 0.01): (2.5, 2.5),
@@ -167,6 +169,7 @@ def test_trend_needs_both_intervals_clear_of_zero_to_call_a_flip():
     assert sweeps.trend(small, large, Delta(3, -0.35, 0.1, 0.01, "better"), 0.01).startswith("shrinks")
 
 
+@pytest.mark.multiprocess  # the report stage's command draws its figures in forked children
 def test_the_report_shows_scales_with_a_figure_and_metrics(tmp_path):
     for s in SEEDS:
         for v, d in (("baseline", 0.0), ("slow", 0.3)):

@@ -13,10 +13,9 @@ Ctrl-C, a kill, a closed terminal); it also stops after IDLE_S without a stage, 
 folder either way. A DVC killed with a stage running takes the stage with it (the server's end
 ends its forks). `report`, the last stage, never starts one: nothing after it would use it.
 
-ABLATION_LAB_WARM=0 turns it off (each stage a new process); a GPU machine is off unless
-ABLATION_LAB_WARM=1 (until warm and cold are measured there in the same call:
-docs/scaling-out-and-cost-plan.md). The grid launcher sets 0 for its own DVC processes: it runs
-its own server, or none when told --cold.
+ABLATION_LAB_WARM=0 turns it off (each stage a new process), on a CPU or a GPU machine alike (the
+launcher's rule, measured on an H200: pipeline/grid/__main__.py warm_wanted). The grid launcher
+sets 0 for its own DVC processes: it runs its own server, or none when told --cold.
 Standard library only.
 """
 from __future__ import annotations
@@ -33,17 +32,8 @@ PREFIX = "ablation-warm-auto-"
 MAX_SOCKET_PATH = 100
 
 
-def gpu_machine(env=os.environ) -> bool:
-    """A machine with an NVIDIA driver (or told its GPU count): warm starts are off there by default,
-    here and in the launcher (pipeline/grid/__main__.py)."""
-    return bool(env.get("ABLATION_LAB_GPU_COUNT")) or os.path.isdir("/proc/driver/nvidia/gpus")
-
-
 def wanted(env=os.environ) -> bool:
-    setting = env.get(SETTING, "")
-    if setting == "0" or "DVC_STAGE" not in env:
-        return False
-    return setting == "1" or not gpu_machine(env)
+    return env.get(SETTING, "") != "0" and "DVC_STAGE" in env
 
 
 def engage() -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from pipeline.grid import signals
 from pipeline.grid.auto import SETTING as AUTO_WARM
 from pipeline.grid.dag import Task
+from pipeline.grid.eta import eta, kind
 from pipeline.grid.lifeline import end_groups
 from pipeline.progress import clock
 
@@ -140,7 +141,7 @@ class Launcher:
         self.names = {s for t in tasks for s in t.stages}
         total = len(self.names)
         bad: set[str] = set()
-        finished: list[float] = []  # seconds of each finished task, for the ETA
+        finished: dict[tuple[str, ...], list[float]] = {}  # seconds of the finished tasks by kind, for the ETA
         while pending or running:
             for task in [t for t in pending if t.needs & bad]:
                 pending.remove(task)
@@ -174,17 +175,16 @@ class Launcher:
                 self._settle(p, end, pending, bad, finished, total)
         return not self.out.failed and not self.out.skipped
 
-    def _settle(self, p: Process, end: float, pending: list, bad: set, finished: list, total: int) -> None:
+    def _settle(self, p: Process, end: float, pending: list, bad: set, finished: dict, total: int) -> None:
         task, took = p.task, end - p.started
         if p.proc.returncode == 0:
             self.out.done |= set(task.stages)
-            finished.append(took)
-            eta = ""
-            if pending:  # the tasks left, at the mean time of those done so far, `jobs` at a time
-                mean = sum(finished) / len(finished)
-                eta = f", ETA {clock(mean * len(pending) / max(1, min(self.jobs, len(pending))))}"
+            finished.setdefault(kind(task), []).append(took)
+            left = eta([(r.task, end - r.started) for r in self.running], pending, finished, self.jobs) \
+                if pending or self.running else None
+            eta_text = "" if left is None else f", ETA {clock(left)}"
             self.say(f"grid: done  {' '.join(task.stages)} in {took:.1f} s  "
-                     f"[{len(self.out.done & self.names)}/{total} stages, {clock(end - self.t0)} elapsed{eta}]")
+                     f"[{len(self.out.done & self.names)}/{total} stages, {clock(end - self.t0)} elapsed{eta_text}]")
             return
         errors = [line for line in p.lines if line.startswith("ERROR")]
         if any(m in line for line in errors for m in LOCK_ERRORS) and task.attempts < MAX_ATTEMPTS:

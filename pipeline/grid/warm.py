@@ -61,7 +61,9 @@ from pipeline.grid.shim import STAGES, fingerprint, limits, recv, send, write_sh
 # later, inside functions (benchmarks/stage_overhead.py lists it per stage), then forgets our own
 # modules: only third-party ones stay. One that fails to import is left to the stage.
 # (Not torch._dynamo: only a compiled run imports it now that the train stage steps its own AdamW.)
-LATER = ("mlflow", "mlflow.tracking", "mlflow.entities", "sacrebleu", "sqlalchemy")
+# MLflow's database store too: the report's and every mirror's ~1.3 s (an sqlite URI is the default).
+LATER = ("mlflow", "mlflow.tracking", "mlflow.entities", "mlflow.store.tracking.sqlalchemy_store", "sacrebleu",
+         "sqlalchemy")
 # -- the server ---------------------------------------------------------------------------------
 
 def _warm_imports() -> set[str]:
@@ -126,18 +128,18 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
           idle_s: float | None = None) -> None:
     """Serve commands on `path` until SIGTERM (`on_term`, else SystemExit) or, given `tie`
     (lifeline.py), until it ends. Given `watch` (the pid of the `dvc repro` whose stage started
-    it, auto.py): until that process ends, or no stage has been served or is running for `idle_s`;
-    the socket then appears only once the imports are done (a stage that comes sooner runs cold
-    rather than wait for them)."""
+    it, auto.py): until that process ends, or no stage has been served or is running for `idle_s`.
+    The socket appears only once the imports are done: a stage that comes sooner runs cold rather
+    than wait for them (the launcher's shared data stages, which start as the server does: on an
+    H200 the first one waited 4.6 s for the imports, reports/gpu/h200_run10_all_parts.json)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     pidfd = _pidfd(watch) if watch is not None else None
     if watch is not None and not _alive(watch):
         print(f"warm: dvc (pid {watch}) has already ended; stopping", flush=True)
         return
-    # Launcher: commands that connect now wait for the imports below, not fail. Watching a DVC:
-    # bound under another name now (a path the kernel refuses fails before the imports), renamed
+    # Bound under another name now (a path the kernel refuses fails before the imports), renamed
     # into place once they are done, so that a stage never waits for them.
-    listener.bind(path if watch is None else path + ".new")
+    listener.bind(path + ".new")
     listener.listen(64)
     me = fingerprint(os.environ)  # before the imports, as a command sees it before its own
     me["limits"] = limits()
@@ -157,8 +159,7 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
     if watch is not None and why_not:  # stages come by themselves: they run cold without asking
         print(f"warm: not serving ({why_not}); stopping", flush=True)
         return
-    if watch is not None:
-        os.rename(path + ".new", path)
+    os.rename(path + ".new", path)
     print(f"warm: ready, {len(sys.modules)} modules imported in {time.monotonic() - t0:.1f} s, "
           f"{len(threads())} native thread(s) "
           f"({len(named)} named), {threading.active_count()} Python thread(s)"
@@ -355,11 +356,13 @@ def run(command: list[str], log=None) -> int:
         return subprocess.run(command).returncode
 
 
-def start_server(path: str, log=None, tie: int | None = None, folder: str | None = None, **popen):
+def start_server(path: str, log=None, tie: int | None = None, folder: str | None = None, ready_s: float = 0.0,
+                 **popen):
     """The server as a process of its own session: a Ctrl-C at the terminal reaches the stages'
-    commands (which forward it), not the server. Ready to accept once `path` exists. It ends when
-    this process does (SIGTERM from the kernel), or when `tie` (a pipe's read end) reads end of
-    file; it then removes `path` and `folder`."""
+    commands (which forward it), not the server. Ready to accept once `path` exists, after its
+    imports: waited for up to `ready_s` (the launcher does not wait; its first stages run cold).
+    It ends when this process does (SIGTERM from the kernel), or when `tie` (a pipe's read end)
+    reads end of file; it then removes `path` and `folder`."""
     command = [sys.executable, "-m", "pipeline.grid.warm", "--serve", path, "--parent", str(os.getpid())]
     if tie is not None:
         command += ["--lifeline", str(tie)]
@@ -368,7 +371,7 @@ def start_server(path: str, log=None, tie: int | None = None, folder: str | None
         command += ["--folder", folder]
     server = subprocess.Popen(command, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
                               start_new_session=True, **popen)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + ready_s
     while not os.path.exists(path) and server.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     return server

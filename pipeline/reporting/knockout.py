@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure as MplFigure
 
+from pipeline.reporting.drawing import save
 from pipeline.reporting.inputs import ReportInputError, number, read_json, values_by_seed
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
 from pipeline.reporting.stats import ALPHA, holm, paired_delta, summarize
 from pipeline.reporting.formatting import MISSING, fmt, fmt_p, fmt_summary
 from pipeline.reporting.results import MAIN_METRIC_PRIORITY
 
-DPI = 110
 ATTENTION_TYPES = ("encoder.self", "decoder.self", "decoder.cross")
 # Keyed by model.knockout.COUNTERPARTS' names and switches (the report imports no model code, so
 # that its stage does not rerun on every model edit): tests/test_one_place.py checks they match.
@@ -123,7 +123,7 @@ def plot_head_grids(grids: Mapping[tuple[str, str], np.ndarray], path: Path) -> 
             ax.set_ylabel("layer")
         if im is not None:
             fig.colorbar(im, ax=list(row), label="Δ val_loss", shrink=0.9)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    save(fig, path)
 
 
 def counterpart_variants(counterparts: Mapping[str, Sequence], ablations: Mapping[str, Mapping | None],

@@ -3,7 +3,8 @@
 Uses matplotlib's object API (`matplotlib.figure.Figure`, which renders with Agg) instead of pyplot,
 so no global backend or figure state is touched: safe on a headless machine and inside tests.
 Every function takes plain arrays/mappings already read from the run files and returns nothing;
-callers decide whether there is enough data to draw.
+callers decide whether there is enough data to draw. Each PNG is written through drawing.save: in
+a forked child when the report draws side by side.
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
+from pipeline.reporting.drawing import save
 from pipeline.reporting.stats import Delta, summarize
 
-DPI = 110
 MAX_TICK_LABELS = 40  # beyond this many tokens an axis of token labels is unreadable
 
 Curve = tuple[np.ndarray, np.ndarray]  # (tokens, value) of one seed, sorted by tokens
@@ -96,7 +97,7 @@ def plot_curves(
     ax_train.set_title("Training loss")
     _plot_curve_panel(ax_val, val, colors, "validation loss")
     ax_val.set_title("Validation loss")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    save(fig, path)
 
 
 def _short_verdict(delta: Delta) -> str:
@@ -139,7 +140,7 @@ def plot_deltas(
         ax.set_title(f"Δ {metric} vs {baseline} ({direction} is better)", fontsize=10)
         ax.set_ylabel(f"Δ {metric} (variant − {baseline})")
         ax.grid(axis="y", alpha=0.3)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    save(fig, path)
 
 
 def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
@@ -149,7 +150,7 @@ def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    save(fig, path)
 
 
 def plot_params_vs_loss(
@@ -200,7 +201,7 @@ def plot_attention(
         ax.set_ylabel("query position")
         ax.set_title(title, fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    save(fig, path)
 
 
 def plot_lr_sweep(points: Mapping[str, list[tuple[float, list[float], bool]]], colors: Mapping, path: Path) -> None:
