@@ -131,7 +131,7 @@ def test_the_reports_record_decides_from_the_runs_eval_files():
         return {(v, s): Run(v, s, eval={"val_loss": x}) for v, xs in values.items() for s, x in enumerate(xs)}
 
     # no_residual is far worse at 3 seeds; single_head is within noise: it needs the next look's seeds.
-    runs = runs_for({"baseline": [1.0, 1.1, 0.9], "no_residual": [5.0, 5.1, 4.9],
+    runs = runs_for({"baseline": [1.0, 1.1, 0.9], "no_residual": [5.0, 5.2, 4.85],
                      "single_head": [1.01, 1.08, 0.93]})
     rec = record(runs, ["baseline", "no_residual", "single_head"], [0, 1, 2], "baseline", "val_loss",
                  [3, 5, 8], 0.05, None)
@@ -255,3 +255,70 @@ def test_the_delta_figure_draws_the_sequential_intervals(tmp_path, monkeypatch):
     assert primary == "val_loss" and seq["b"] == Delta(5, 0.01, pytest.approx(0.06), None, "equivalent (n=5)")
     assert secondary == "bleu" and kept["b"] is fixed
     assert "sequential interval at level 0.9750" in fig.caption and "not valid after adaptive stopping" in fig.caption
+
+
+def test_the_record_holds_the_values_every_look_is_recomputed_from():
+    """decisions.json's per-seed values give back each look's interval and verdict (GPU issue #61:
+    from a 4-digit table a look once recomputed to another verdict)."""
+    from pipeline.deciding.rule import Plan, decide
+    from pipeline.reporting.decisions import record
+    from pipeline.reporting.inputs import Run
+
+    values = {"baseline": [1.0, 1.1, 0.9, 1.05, 0.97], "single_head": [1.01, 1.08, 0.93, 1.2, 1.0]}
+    runs = {(v, s): Run(v, s, eval={"val_loss": x}) for v, xs in values.items() for s, x in enumerate(xs)}
+    rec = record(runs, ["baseline", "single_head"], [0, 1, 2], "baseline", "val_loss", [3, 5], 0.05, None)
+    base, mine = rec["baseline"]["values"], rec["variants"]["single_head"]["values"]
+    diffs = [mine[str(s)] - base[str(s)] for s in rec["seed_order"] if str(s) in mine and str(s) in base]
+    assert diffs == rec["variants"]["single_head"]["diffs"]
+    plan = Plan((3, 5), 0.05, None, 1)
+    for k, look in enumerate(rec["variants"]["single_head"]["looks"]):
+        again = decide(diffs, plan, k)
+        assert (again.n, again.lo, again.hi, again.verdict) == (look["n"], look["lo"], look["hi"], look["verdict"])
+
+
+def test_a_changed_plan_between_rounds_is_refused_in_one_line(tmp_path):
+    import json
+
+    from pipeline.deciding.loop import changed_plan, fingerprint
+
+    path = write(tmp_path, PARAMS.replace("runs: {}", "runs: {single_head-3: {variant: single_head, seed: 3}}"))
+    record = tmp_path / "decisions.json"
+    record.write_text(json.dumps({"fingerprint": fingerprint(load_params(path)), "done": False}))
+    assert changed_plan(load_params(path), record) is None  # the same plan: go on
+    for old, new in (("alpha: 0.05", "alpha: 0.1"), ("looks: [3, 5, 8]", "looks: [3, 5]"),
+                     ("margin: 0.05", "margin: 0.02"), ("seeds: [0, 1, 2]", "seeds: [2, 1, 0]"),
+                     ("  no_residual: {model: {residual: false}}\n", "")):
+        edited = write(tmp_path, path.read_text().replace(old, new))
+        why = changed_plan(load_params(edited), record)
+        assert why is not None and "\n" not in why and "--restart" in why, old
+        write(tmp_path, edited.read_text().replace(new, old) if new else PARAMS.replace(
+            "runs: {}", "runs: {single_head-3: {variant: single_head, seed: 3}}"))
+    fresh = write(tmp_path, PARAMS.replace("alpha: 0.05", "alpha: 0.1"))  # no runs added yet: a new study
+    assert changed_plan(load_params(fresh), record) is None
+    record.write_text(json.dumps({"off": True}))  # another study's report
+    assert changed_plan(load_params(write(tmp_path, path.read_text().replace("alpha: 0.05", "alpha: 0.1"))),
+                        record) is None
+
+
+def test_the_shape_check_names_a_skew_from_late_seeds_and_passes_normal_draws():
+    """The reviewer's case (GPU issue #61): a few seeds far out on one side (late plateau exits)
+    are named and make the shape doubtful; normal draws of the same size are not flagged."""
+    import numpy as np
+
+    from pipeline.deciding.rounds import shape
+    from pipeline.reporting.decisions import shape_blocks
+    from pipeline.reporting.render import to_markdown
+
+    rng = np.random.default_rng(7)
+    calm = list(rng.normal(0.0, 0.02, 20))
+    late = list(calm)
+    for s in (7, 8, 14, 18):
+        late[s] += 0.35  # a run that left the plateau late: much worse, on one side
+    seeds = list(range(20))
+    assert shape(calm, seeds)["doubtful"] is False and shape(calm, seeds)["far_out"] == []
+    got = shape(late, seeds)
+    assert got["doubtful"] and got["far_out"] == [7, 8, 14, 18] and got["skew"] > 2 * got["skew_se"]
+    assert shape([0.1, 0.2], [0, 1])["skew"] is None  # too few to say anything
+    rec = {"variants": {"single_head": {"shape": got}, "no_ffn": {"shape": shape(calm, seeds)}}}
+    text = to_markdown("t", shape_blocks(rec))
+    assert "| single_head | 20 |" in text and "7, 8, 14, 18" in text and "Read single_head with that in mind" in text

@@ -9,6 +9,9 @@ Params: decide.looks (seed counts, fixed before any run), decide.alpha, decide.m
 2. When the record says every comparison is decided or at its budget, stop.
 3. Otherwise add the runs it asks for (open variants and the baseline, the seeds of their next look)
    to params.yaml's decide.runs, a text edit that keeps the file's comments, and go to 1.
+Before each round the plan is checked against the last record's fingerprint (changed_plan): once
+runs were added, other looks, α, δ, seeds, variants, baseline or metric are refused in one line
+(--restart goes on under the new plan, knowingly).
 DVC turns each added entry into train_more / evaluate_more stages; nothing already run reruns. A
 kill anywhere is safe: run the command again and the grid picks up what is missing, and the record
 is recomputed from the results, so it is the same however many rounds or restarts it took. At the
@@ -29,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.atomic import atomic_path
+from pipeline.deciding.rounds import plan_fingerprint
 from pipeline.params import ParamsError, load_params, stage_error
 
 RECORD = Path("reports/decisions.json")
@@ -96,11 +100,39 @@ def summed_times(rounds: Sequence[Mapping], command: str) -> dict:
             "rounds": [{"total_s": t["total_s"], "stages": len(t["stages"])} for t in rounds]}
 
 
+def fingerprint(params) -> str:
+    """The plan params.yaml describes now, as the report stage's record fingerprints it."""
+    return plan_fingerprint(baseline=params.report.baseline, variants=[str(v) for v in params.ablations],
+                            seeds=params.seeds, looks=params.decide.looks, alpha=params.decide.alpha,
+                            margin=params.decide.margin, metric=params.report.primary_metric)
+
+
+def changed_plan(params, record_path: Path = RECORD) -> str | None:
+    """Why the study cannot go on under params.yaml's plan, or None. A study is under way once
+    decide.runs holds runs this loop added; its last record names the plan its looks were taken
+    under. Another plan (looks, α, margin, seeds, variants, baseline, metric) would re-decide every
+    look already taken, as if it had been the plan from the start."""
+    if not params.decide.runs or not record_path.is_file():
+        return None
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    was = record.get("fingerprint")
+    if record.get("off") or was is None or was == fingerprint(params):
+        return None
+    return (f"decide: the plan in params.yaml is not the one this study's rounds ran under ({RECORD} fingerprint "
+            f"{was}, params.yaml {fingerprint(params)}): a changed plan re-decides every look taken; start a new "
+            "study (remove decide.runs), or pass --restart to go on under the new plan knowingly")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--max-rounds", type=int, default=100, help="a guard, never reached by a valid plan")
     parser.add_argument("--times", type=Path, help="write the rounds' stage times, summed, here (grid's format)")
+    parser.add_argument("--restart", action="store_true",
+                        help="go on although params.yaml's plan changed since the last round (its looks re-decided)")
     args, grid_args = parser.parse_known_args(argv)
     rounds: list[dict] = []
     try:
@@ -112,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               "again", file=sys.stderr)
         return 2
     for round_ in range(args.max_rounds):
+        why = changed_plan(params)
+        if why and not (args.restart and round_ == 0):
+            print(why, file=sys.stderr)
+            return 2
         print(f"decide: round {round_ + 1}: {len(params.seeds)} seeds for every variant, "
               f"{len(params.decide.runs)} runs added", flush=True)
         times = [] if args.times is None else ["--times", str(args.times.with_suffix(".round.json"))]

@@ -18,6 +18,8 @@ data, the same for the same inputs. Design decisions:
 """
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -51,6 +53,45 @@ def _paired_prefix(order: list[int], variant: Mapping[int, float], baseline: Map
     return n
 
 
+def plan_fingerprint(*, baseline: str, variants: Sequence[str], seeds: Sequence[int], looks: Sequence[int],
+                     alpha: float, margin: float | None, metric: str | None) -> str:
+    """What the study was planned as, hashed: every look's verdict depends on it, so a study whose
+    rounds ran under one fingerprint cannot go on under another (pipeline/deciding/loop.py). `metric`
+    as params.yaml names it (report.primary_metric; None: the report's default for the task)."""
+    import hashlib
+
+    plan = {"baseline": baseline, "variants": sorted(variants), "seeds": [int(s) for s in seeds],
+            "looks": [int(n) for n in looks], "alpha": float(alpha),
+            "margin": None if margin is None else float(margin), "metric": metric}
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
+
+
+FAR_OUT = 3.5  # robust z (Iglewicz & Hoaglin's modified z-score): |d - median| / (1.4826 MAD)
+
+
+def shape(diffs: Sequence[float], seeds: Sequence[int]) -> dict:
+    """Whether the per-seed differences look like the t-model's normal draws: their sample skewness
+    (adjusted, G1) against twice its standard error under normality, and the seeds far out by a
+    robust rule (modified z-score above FAR_OUT; none where over half the differences are equal).
+    `doubtful`: a skew beyond 2 SE, or a seed far out. A weak check at a few seeds, said so."""
+    d = np.asarray(diffs, dtype=float)
+    n = d.size
+    out: dict = {"n": int(n), "skew": None, "skew_se": None, "far_out": [], "doubtful": False}
+    if n < 3:
+        return out
+    spread = float(d.std(ddof=1))
+    if spread > 0:
+        g1 = float(np.mean((d - d.mean()) ** 3) / np.mean((d - d.mean()) ** 2) ** 1.5)
+        out["skew"] = g1 * math.sqrt(n * (n - 1)) / (n - 2)
+    out["skew_se"] = math.sqrt(6 * n * (n - 1) / ((n - 2) * (n + 1) * (n + 3)))
+    mad = float(np.median(np.abs(d - np.median(d))))
+    if mad > 0:
+        z = np.abs(d - np.median(d)) / (1.4826 * mad)
+        out["far_out"] = [int(s) for s, zi in zip(seeds, z) if zi > FAR_OUT]
+    out["doubtful"] = bool(out["far_out"]) or (out["skew"] is not None and abs(out["skew"]) > 2 * out["skew_se"])
+    return out
+
+
 def _comparison(name: str, variant: Mapping[int, float], baseline: Mapping[int, float], order: list[int],
                 plan: Plan, higher_is_better: bool) -> dict:
     paired = _paired_prefix(order, variant, baseline)
@@ -69,8 +110,11 @@ def _comparison(name: str, variant: Mapping[int, float], baseline: Mapping[int, 
     open_ = state == "continue"
     next_look = plan.looks[len(looks)] if open_ else None
     needs = [s for s in order[:next_look] if s not in variant] if open_ else []
+    # The values the looks were computed from, so that anyone can recompute every look (seed -> metric;
+    # the paired differences are these minus the baseline's, seed by seed in seed_order).
     return {"looks": looks, "state": state, "next_look": next_look, "needs": needs,
-            "runs": sum(1 for s in order if s in variant)}
+            "runs": sum(1 for s in order if s in variant), "values": {str(s): variant[s] for s in order if s in variant},
+            "diffs": diffs, "shape": shape(diffs, order[:paired])}
 
 
 def step(results: Mapping[str, Mapping[int, float]], plan: Plan, seeds: Sequence[int], higher_is_better: bool,
@@ -95,7 +139,8 @@ def step(results: Mapping[str, Mapping[int, float]], plan: Plan, seeds: Sequence
         "plan": plan.to_json(),
         "higher_is_better": bool(higher_is_better),
         "seed_order": order,
-        "baseline": {"name": baseline, "runs": sum(1 for s in order if s in base), "needs": base_needs},
+        "baseline": {"name": baseline, "runs": sum(1 for s in order if s in base), "needs": base_needs,
+                     "values": {str(s): base[s] for s in order if s in base}},
         "variants": variants,
         "done": all(rec["state"] != "continue" for rec in variants.values()),
     }

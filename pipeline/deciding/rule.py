@@ -49,7 +49,8 @@ from scipy import stats as sps
 
 DECIDED = ("worse", "better", "equivalent")  # a comparison with one of these takes no later look
 VERDICTS = DECIDED + ("continue", "undecided")
-ZERO_VARIANCE = "zero variance: every seed gives the same difference, so the interval is that point"
+ZERO_VARIANCE = ("zero variance: every seed gives the same difference, so the interval is that point, "
+                 "which states no direction")
 INSIDE_MARGIN = "inside the margin too: a difference smaller than the margin"
 # The tolerance of pipeline.reporting.stats (its _zero_variance): differences that differ only by
 # float round-off must not give an absurdly narrow interval.
@@ -143,15 +144,21 @@ def t_interval(diffs: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray,
 
 
 def _verdicts(lo: np.ndarray, hi: np.ndarray, margin: float | None, final: np.ndarray | bool,
-              higher_is_better: bool) -> np.ndarray:
-    """The verdict of each interval (elementwise); `final` marks the last look."""
+              higher_is_better: bool, constant: np.ndarray | bool = False) -> np.ndarray:
+    """The verdict of each interval (elementwise); `final` marks the last look, `constant` the
+    zero-width intervals (every seed the same difference)."""
     above, below = "better", "worse"  # an interval above 0: the variant's metric is higher
     if not higher_is_better:
         above, below = below, above
     inside = np.zeros(np.shape(lo), dtype=bool) if margin is None else (lo > -margin) & (hi < margin)
     # Sign first: an interval that excludes 0 and lies inside the margin states a direction (a note
     # in decide() says it is smaller than the margin); both statements are covered by the proof.
-    verdict = np.select([lo > 0, hi < 0, inside], [above, below, "equivalent"], default="continue")
+    # A zero-width interval states no direction: the t-model has no spread to test against, and
+    # differences that are round-off (3e-16, 1e-16, 2e-16) would otherwise read as a sign. It can
+    # still lie inside the margin (identical runs: equivalent).
+    signed = ~np.asarray(constant, dtype=bool)
+    verdict = np.select([signed & (lo > 0), signed & (hi < 0), inside], [above, below, "equivalent"],
+                        default="continue")
     return np.where(np.asarray(final) & (verdict == "continue"), "undecided", verdict)
 
 
@@ -170,7 +177,7 @@ def decide(diffs: Sequence[float], plan: Plan, look: int, higher_is_better: bool
     if not np.all(np.isfinite(d)):
         raise ValueError("decide() needs finite differences; a diverged run must be dealt with first")
     mean, lo, hi, constant = t_interval(d, plan.level)
-    verdict = str(_verdicts(lo, hi, plan.margin, look == len(plan.looks) - 1, higher_is_better))
+    verdict = str(_verdicts(lo, hi, plan.margin, look == len(plan.looks) - 1, higher_is_better, constant))
     notes = [ZERO_VARIANCE] if constant else []
     if verdict in ("worse", "better") and plan.margin is not None and -plan.margin < lo and hi < plan.margin:
         notes.append(INSIDE_MARGIN)
@@ -207,9 +214,9 @@ def decide_all(diffs: np.ndarray, plan: Plan, higher_is_better: bool = False) ->
     if d.ndim < 1 or d.shape[-1] < plan.budget:
         raise ValueError(f"decide_all() needs {plan.budget} differences per comparison, got shape {d.shape}")
     parts = [t_interval(d[..., :n], plan.level) for n in plan.looks]
-    mean, lo, hi = (np.stack([p[i] for p in parts], axis=-1) for i in range(3))
+    mean, lo, hi, constant = (np.stack([p[i] for p in parts], axis=-1) for i in range(4))
     final = np.arange(len(plan.looks)) == len(plan.looks) - 1
-    verdict = _verdicts(lo, hi, plan.margin, final, higher_is_better)
+    verdict = _verdicts(lo, hi, plan.margin, final, higher_is_better, constant)
     decided = np.isin(verdict, DECIDED)
     stop = np.where(decided.any(axis=-1), decided.argmax(axis=-1), len(plan.looks) - 1)
     return Trace(mean, lo, hi, verdict, stop)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pipeline.deciding.rounds import fixed_design_runs, runs_spent, step
+from pipeline.deciding.rounds import fixed_design_runs, plan_fingerprint, runs_spent, step
 from pipeline.deciding.rule import Plan
 from pipeline.reporting.formatting import arrow, fmt
 from pipeline.reporting.render import Block, Heading, Paragraph, Table
@@ -20,8 +20,9 @@ from pipeline.reporting.stats import higher_is_better
 
 
 def record(runs: Mapping, variants: Sequence[str], seeds: Sequence[int], baseline: str, primary: str,
-           looks: Sequence[int], alpha: float, margin: float | None) -> dict:
-    """The rounds' record from the runs' eval.json (a run without the metric counts as not run)."""
+           looks: Sequence[int], alpha: float, margin: float | None, metric_param: str | None = None) -> dict:
+    """The rounds' record from the runs' eval.json (a run without the metric counts as not run),
+    with the plan's fingerprint (`metric_param`: report.primary_metric as params.yaml has it)."""
     results: dict[str, dict[int, float]] = {v: {} for v in variants}
     for (variant, seed), run in runs.items():
         value = (run.eval or {}).get(primary)
@@ -30,6 +31,8 @@ def record(runs: Mapping, variants: Sequence[str], seeds: Sequence[int], baselin
     plan = Plan(tuple(looks), alpha, margin, len(variants) - 1)
     rec = step(results, plan, seeds, higher_is_better(primary), baseline=baseline)
     rec["metric"] = primary
+    rec["fingerprint"] = plan_fingerprint(baseline=baseline, variants=variants, seeds=seeds, looks=looks,
+                                          alpha=alpha, margin=margin, metric=metric_param)
     rec["runs_spent"] = runs_spent(rec)
     rec["fixed_design_runs"] = fixed_design_runs(plan, len(variants) - 1)
     return rec
@@ -49,8 +52,10 @@ def decision_blocks(rec: Mapping) -> list[Block]:
     words = (f"Seeds until decided: each comparison with {rec['baseline']['name']} on {rec['metric']} was looked at "
              f"when it had {', '.join(map(str, plan['looks']))} paired seeds, with a t-interval at level "
              f"{level:.4f} (1 − α/(m·K), α {plan['alpha']}, m {plan['comparisons']} comparisons, K "
-             f"{len(plan['looks'])} looks): every interval below covers its Δ at once with probability ≥ "
-             f"{1 - plan['alpha']:.2f} however the looks turned out (pipeline/deciding/rule.py). worse/better: the "
+             f"{len(plan['looks'])} looks): if each comparison's per-seed differences are independent draws from one "
+             f"normal distribution, every interval below covers its Δ at once with probability ≥ "
+             f"{1 - plan['alpha']:.2f} however the looks turned out (pipeline/deciding/rule.py); a skew (rare seeds far "
+             "out on one side, such as runs that leave a loss plateau late) breaks that guarantee. worse/better: the "
              "interval excludes 0; " + (f"equivalent: it lies inside (−{margin}, {margin}); " if margin else "")
              + "undecided: the budget was spent first. Only open comparisons got more seeds.")
     spent, fixed = rec["runs_spent"], rec["fixed_design_runs"]
@@ -63,7 +68,36 @@ def decision_blocks(rec: Mapping) -> list[Block]:
     status = "" if rec["done"] else " Not finished: `bash run.sh decide` adds the runs still open comparisons need."
     return [Heading("Seeds until decided"), Paragraph(words),
             Table(["variant", "looks taken (n)", "n", "Δ", "interval", "verdict", "runs"], rows),
-            Paragraph(cost + status), Paragraph(caveat)]
+            Paragraph(cost + status), Paragraph(caveat), *shape_blocks(rec)]
+
+
+def shape_blocks(rec: Mapping) -> list[Block]:
+    """The check on the assumption: each comparison's per-seed differences (every paired seed run),
+    their skewness against twice its standard error and the seeds far out by a robust rule
+    (pipeline.deciding.rounds.shape), and what a doubtful shape means for its verdict."""
+    rows, doubtful = [], []
+    for name, v in sorted(rec["variants"].items()):
+        sh = v.get("shape")
+        if not sh:
+            continue
+        skew = "—" if sh["skew"] is None else f"{sh['skew']:+.2f} (2 SE {2 * sh['skew_se']:.2f})"
+        far = ", ".join(str(s) for s in sh["far_out"]) or "none"
+        if sh["doubtful"]:
+            doubtful.append(name)
+        rows.append([name, str(sh["n"]), skew, far, "doubtful" if sh["doubtful"] else
+                     ("no sign against it" if sh["n"] >= 8 else "no sign against it (few seeds: a weak check)")])
+    if not rows:
+        return []
+    meaning = ("Where the shape is doubtful the guarantee above does not hold as stated: a skew, or seeds far out "
+               "on one side (such as runs that leave a loss plateau late), can make the interval miss on that side "
+               f"more often than α/(m·K). Read {', '.join(doubtful)} with that in mind: look at the seeds named, and "
+               "give the verdict weight only if it survives without them." if doubtful else
+               "No comparison shows a skew beyond twice its standard error or a seed far out; at a few seeds this "
+               "check can miss a skew.")
+    return [Paragraph("The t-model's assumption, checked on the per-seed differences of every paired seed run "
+                      "(skew: adjusted sample skewness G1; far out: modified z-score above 3.5, Iglewicz and "
+                      "Hoaglin):"),
+            Table(["variant", "n", "skew", "seeds far out", "normality"], rows), Paragraph(meaning)]
 
 
 WORDS = {"worse": "worse than {b}", "better": "better than {b}", "equivalent": "equivalent to {b} (inside ±{m})",
