@@ -42,6 +42,7 @@ from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
 from pipeline.params import Params, ParamsError, ReportParams, knockout_seeds, load_params, stage_error
 from pipeline.deciding.rounds import seed_order
 from pipeline.reporting import decisions, drawing, sweeps
+from pipeline.reporting.assumption import assumption_blocks
 from pipeline.reporting.claims import check_claims, claims_blocks, claims_summary
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
@@ -55,6 +56,7 @@ from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Paragraph, to_html, to_markdown
 from pipeline.reporting.cost import cost_blocks
 from pipeline.reporting.data_tables import data_blocks, download_blocks
+from pipeline.reporting.stats import ALPHA
 from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, compute_results, unigram_plateau
 from pipeline.reporting.tables import (
     output_blocks, params_blocks, per_run_blocks, plateau_blocks, reference_blocks, reference_summary, results_blocks,
@@ -131,6 +133,8 @@ def render_report(
             + (decisions.decision_blocks(decided) if decided else [])
             + delta_blocks(results, baseline, colors, tmp / "figures", decided)
             + [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
+            + assumption_blocks(runs, variants, seeds, baseline, results.primary, plateau,
+                                decided["plan"]["level"] if decided else 1 - ALPHA, tmp / "figures", colors)
             + claims_blocks(seed_claims, results, runs, seeds, baseline, filt, decided)
             + setup_blocks(runs, variants, seeds, baseline, budget, task,
                            planned=decisions.planned_seeds(variants, decide["seeds"], decide["runs"]) if decide else None)

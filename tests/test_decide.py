@@ -306,8 +306,6 @@ def test_the_shape_check_names_a_skew_from_late_seeds_and_passes_normal_draws():
     import numpy as np
 
     from pipeline.deciding.rounds import shape
-    from pipeline.reporting.decisions import shape_blocks
-    from pipeline.reporting.render import to_markdown
 
     rng = np.random.default_rng(7)
     calm = list(rng.normal(0.0, 0.02, 20))
@@ -319,6 +317,3 @@ def test_the_shape_check_names_a_skew_from_late_seeds_and_passes_normal_draws():
     got = shape(late, seeds)
     assert got["doubtful"] and got["far_out"] == [7, 8, 14, 18] and got["skew"] > 2 * got["skew_se"]
     assert shape([0.1, 0.2], [0, 1])["skew"] is None  # too few to say anything
-    rec = {"variants": {"single_head": {"shape": got}, "no_ffn": {"shape": shape(calm, seeds)}}}
-    text = to_markdown("t", shape_blocks(rec))
-    assert "| single_head | 20 |" in text and "7, 8, 14, 18" in text and "Read single_head with that in mind" in text

@@ -68,36 +68,7 @@ def decision_blocks(rec: Mapping) -> list[Block]:
     status = "" if rec["done"] else " Not finished: `bash run.sh decide` adds the runs still open comparisons need."
     return [Heading("Seeds until decided"), Paragraph(words),
             Table(["variant", "looks taken (n)", "n", "Δ", "interval", "verdict", "runs"], rows),
-            Paragraph(cost + status), Paragraph(caveat), *shape_blocks(rec)]
-
-
-def shape_blocks(rec: Mapping) -> list[Block]:
-    """The check on the assumption: each comparison's per-seed differences (every paired seed run),
-    their skewness against twice its standard error and the seeds far out by a robust rule
-    (pipeline.deciding.rounds.shape), and what a doubtful shape means for its verdict."""
-    rows, doubtful = [], []
-    for name, v in sorted(rec["variants"].items()):
-        sh = v.get("shape")
-        if not sh:
-            continue
-        skew = "—" if sh["skew"] is None else f"{sh['skew']:+.2f} (2 SE {2 * sh['skew_se']:.2f})"
-        far = ", ".join(str(s) for s in sh["far_out"]) or "none"
-        if sh["doubtful"]:
-            doubtful.append(name)
-        rows.append([name, str(sh["n"]), skew, far, "doubtful" if sh["doubtful"] else
-                     ("no sign against it" if sh["n"] >= 8 else "no sign against it (few seeds: a weak check)")])
-    if not rows:
-        return []
-    meaning = ("Where the shape is doubtful the guarantee above does not hold as stated: a skew, or seeds far out "
-               "on one side (such as runs that leave a loss plateau late), can make the interval miss on that side "
-               f"more often than α/(m·K). Read {', '.join(doubtful)} with that in mind: look at the seeds named, and "
-               "give the verdict weight only if it survives without them." if doubtful else
-               "No comparison shows a skew beyond twice its standard error or a seed far out; at a few seeds this "
-               "check can miss a skew.")
-    return [Paragraph("The t-model's assumption, checked on the per-seed differences of every paired seed run "
-                      "(skew: adjusted sample skewness G1; far out: modified z-score above 3.5, Iglewicz and "
-                      "Hoaglin):"),
-            Table(["variant", "n", "skew", "seeds far out", "normality"], rows), Paragraph(meaning)]
+            Paragraph(cost + status), Paragraph(caveat)]
 
 
 WORDS = {"worse": "worse than {b}", "better": "better than {b}", "equivalent": "equivalent to {b} (inside ±{m})",
