@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import os
 import re
 from pathlib import Path
@@ -241,6 +242,9 @@ class DecideParams(Section):
     # In the primary metric's units: |Δ| inside (-margin, margin) counts as "equivalent". Declare it
     # before the first run; None decides only the sign.
     margin: float | None = Field(None, gt=0)
+    # t: t-intervals for the mean difference (assume normal per-seed differences); median: the
+    # order-statistic interval for the median difference (no normality; decides from a later look).
+    method: Literal["t", "median"] = "t"
     # Written by `bash run.sh decide` (pipeline/deciding/loop.py), never by hand: the runs it added beyond
     # `seeds`, `variant-seed: {variant, seed}`; dvc.yaml lays out a train_more / evaluate_more /
     # knockout_more stage for each.
@@ -338,6 +342,12 @@ class Params(Section):
                              "(every variant trains those; the first look must be at len(seeds))")
         if len(self.ablations) < 2:
             raise ValueError("decide.looks: nothing to decide (ablations holds only the baseline)")
+        if self.decide.method == "median":  # pipeline.deciding.rule: order statistics need enough seeds
+            level = 1 - self.decide.alpha / ((len(self.ablations) - 1) * len(looks))
+            need = math.ceil(1 - math.log2(1 - level))
+            if looks[-1] < need:
+                raise ValueError(f"decide.method: median decides nothing before {need} seeds at level {level:.4f}, "
+                                 f"and the last look is at {looks[-1]}")
         top = max(self.seeds)
         more = set(range(top + 1, top + 1 + looks[-1] - len(self.seeds)))  # pipeline.deciding.rounds.seed_order
         for name, run in runs.items():

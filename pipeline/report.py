@@ -101,7 +101,8 @@ def render_report(
     results = compute_results(runs, variants, seeds, baseline, primary_metric)
     # Seeds until decided (params decide): the rounds' record from the same runs, and its section.
     decided = (decisions.record(runs, variants, decide["seeds"], baseline, results.primary, decide["looks"],
-                                decide["alpha"], decide["margin"], decide.get("primary_metric")) if decide else None)
+                                decide["alpha"], decide["margin"], decide.get("primary_metric"),
+                                decide.get("method", "t")) if decide else None)
     plateau = unigram_plateau(runs)
     knockouts = load_knockouts(Path(evals_dir), baseline, knockout_seeds)  # {} when the stage is off
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
@@ -273,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 seed_claims=claims(params),
                 decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin,
                         "runs": {k: r.model_dump() for k, r in decide.runs.items()},
-                        "primary_metric": report.primary_metric}
+                        "primary_metric": report.primary_metric, "method": decide.method}
                 if decide.looks else None,
             )
     except (ReportInputError, DiskFull, drawing.DrawingError) as e:

@@ -104,7 +104,8 @@ def fingerprint(params) -> str:
     """The plan params.yaml describes now, as the report stage's record fingerprints it."""
     return plan_fingerprint(baseline=params.report.baseline, variants=[str(v) for v in params.ablations],
                             seeds=params.seeds, looks=params.decide.looks, alpha=params.decide.alpha,
-                            margin=params.decide.margin, metric=params.report.primary_metric)
+                            margin=params.decide.margin, metric=params.report.primary_metric,
+                            method=params.decide.method)
 
 
 def changed_plan(params, record_path: Path = RECORD) -> str | None:

@@ -36,7 +36,16 @@ What it is not.
 - After adaptive stopping a fixed-n p-value or post-hoc power of the same data is not valid.
 
 Zero variance (every seed gives the same difference, e.g. identical runs) is handled as
-pipeline.reporting.stats handles it: the interval is the point, said in a note, never NaN.
+pipeline.reporting.stats handles it: the interval is the point, said in a note, never NaN; it
+states no direction (round-off must not decide a sign).
+
+Distribution-free (Plan.method "median"). The same looks, level and union bound, each interval the
+order-statistic interval for the *median* difference: [d_(k), d_(n+1-k)] with the largest k for
+which 2 P(Binomial(n, 1/2) <= k - 1) <= 1 - level. For any continuous distribution of the
+differences it misses the median with probability <= alpha / (m K), so the proof above holds with
+"median" for "Delta" and no normality. The price: no interval exists until 2^(1-n) <= 1 - level
+(at alpha 0.05, m 1 and five looks: 8 seeds; `first_look`), and it is wider than the t-interval
+on normal data. Its verdicts are about the typical seed, not the mean.
 """
 from __future__ import annotations
 
@@ -55,6 +64,7 @@ INSIDE_MARGIN = "inside the margin too: a difference smaller than the margin"
 # The tolerance of pipeline.reporting.stats (its _zero_variance): differences that differ only by
 # float round-off must not give an absurdly narrow interval.
 ZERO_VARIANCE_RTOL = 1e-12
+METHODS = ("t", "median")
 
 
 def _is_int(x: object) -> bool:
@@ -73,6 +83,7 @@ class Plan:
     alpha: float  # family-wise error: P(any reported interval misses its difference) <= alpha
     margin: float | None  # delta: an interval inside (-delta, delta) is "equivalent"; None decides signs only
     comparisons: int  # m, the ablations compared with the baseline: Bonferroni counts every one
+    method: str = "t"  # "t": t-intervals for the mean difference; "median": order statistics, no normality
 
     def __post_init__(self) -> None:
         if isinstance(self.looks, (str, bytes)) or not isinstance(self.looks, (Sequence, np.ndarray)):
@@ -93,10 +104,15 @@ class Plan:
             raise ValueError(f"Plan.margin must be None or a finite number > 0, got {self.margin!r}")
         if not _is_int(self.comparisons) or self.comparisons < 1:
             raise ValueError(f"Plan.comparisons must be an integer >= 1, got {self.comparisons!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"Plan.method must be one of {', '.join(METHODS)}, got {self.method!r}")
         object.__setattr__(self, "looks", looks)  # frozen: normalised once (a list from YAML -> tuple)
         object.__setattr__(self, "alpha", float(self.alpha))
         object.__setattr__(self, "margin", None if self.margin is None else float(self.margin))
         object.__setattr__(self, "comparisons", int(self.comparisons))
+        if self.method == "median" and median_rank(self.budget, self.level) is None:
+            raise ValueError(f"Plan.looks: with method median no look can decide at level {self.level:.4f}: "
+                             f"the budget must be at least {min_seeds(self.level)} seeds, got {self.budget}")
 
     @property
     def level(self) -> float:
@@ -108,9 +124,15 @@ class Plan:
         """The most seeds any variant runs: the last look."""
         return self.looks[-1]
 
+    @property
+    def first_look(self) -> int:
+        """The first look's seed count at which an interval can exclude anything (t: the first look)."""
+        return next(n for n in self.looks if self.method == "t" or median_rank(n, self.level) is not None)
+
     def to_json(self) -> dict:
         return {"looks": list(self.looks), "alpha": self.alpha, "margin": self.margin,
-                "comparisons": self.comparisons, "level": self.level}
+                "comparisons": self.comparisons, "level": self.level, "method": self.method,
+                "first_look": self.first_look}
 
 
 @dataclass(frozen=True)
@@ -141,6 +163,38 @@ def t_interval(diffs: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray,
     half = float(sps.t.isf((1 - level) / 2, n - 1)) * d.std(axis=-1, ddof=1) / math.sqrt(n)
     half = np.where(constant, 0.0, half)
     return mean, mean - half, mean + half, constant
+
+
+def median_rank(n: int, level: float) -> int | None:
+    """The largest k with 2 P(Binomial(n, 1/2) <= k - 1) <= 1 - level: [d_(k), d_(n+1-k)] covers the
+    median with probability >= level. None where even k = 1 does not (too few seeds)."""
+    k = int(sps.binom.ppf((1 - level) / 2, n, 0.5))  # the smallest j with P(B <= j) >= (1 - level) / 2
+    while k >= 0 and 2 * sps.binom.cdf(k, n, 0.5) > 1 - level:
+        k -= 1
+    return k + 1 if k >= 0 else None
+
+
+def min_seeds(level: float) -> int:
+    """The fewest seeds for which a median interval exists at `level`."""
+    return math.ceil(1 - math.log2(1 - level))
+
+
+def median_interval(diffs: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Median and the order-statistic interval at `level` over the last axis (-inf, inf where the
+    seeds are too few), and where the differences are all equal (a zero-width interval)."""
+    d = np.sort(np.asarray(diffs, dtype=float), axis=-1)
+    n = d.shape[-1]
+    centre = np.median(d, axis=-1)
+    constant = np.ptp(d, axis=-1) <= ZERO_VARIANCE_RTOL * np.maximum(1.0, np.abs(d).max(axis=-1))
+    k = median_rank(n, level)
+    if k is None:
+        return centre, np.full(centre.shape, -np.inf), np.full(centre.shape, np.inf), constant
+    return centre, d[..., k - 1], d[..., n - k], constant
+
+
+def interval(diffs: np.ndarray, plan: "Plan") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The plan's interval at its level: the t-interval of the mean, or the median's."""
+    return (median_interval if plan.method == "median" else t_interval)(diffs, plan.level)
 
 
 def _verdicts(lo: np.ndarray, hi: np.ndarray, margin: float | None, final: np.ndarray | bool,
@@ -176,7 +230,7 @@ def decide(diffs: Sequence[float], plan: Plan, look: int, higher_is_better: bool
     d = d[:n]
     if not np.all(np.isfinite(d)):
         raise ValueError("decide() needs finite differences; a diverged run must be dealt with first")
-    mean, lo, hi, constant = t_interval(d, plan.level)
+    mean, lo, hi, constant = interval(d, plan)
     verdict = str(_verdicts(lo, hi, plan.margin, look == len(plan.looks) - 1, higher_is_better, constant))
     notes = [ZERO_VARIANCE] if constant else []
     if verdict in ("worse", "better") and plan.margin is not None and -plan.margin < lo and hi < plan.margin:
@@ -213,7 +267,7 @@ def decide_all(diffs: np.ndarray, plan: Plan, higher_is_better: bool = False) ->
     d = np.asarray(diffs, dtype=float)
     if d.ndim < 1 or d.shape[-1] < plan.budget:
         raise ValueError(f"decide_all() needs {plan.budget} differences per comparison, got shape {d.shape}")
-    parts = [t_interval(d[..., :n], plan.level) for n in plan.looks]
+    parts = [interval(d[..., :n], plan) for n in plan.looks]
     mean, lo, hi, constant = (np.stack([p[i] for p in parts], axis=-1) for i in range(4))
     final = np.arange(len(plan.looks)) == len(plan.looks) - 1
     verdict = _verdicts(lo, hi, plan.margin, final, higher_is_better, constant)

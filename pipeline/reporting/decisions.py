@@ -20,7 +20,8 @@ from pipeline.reporting.stats import higher_is_better
 
 
 def record(runs: Mapping, variants: Sequence[str], seeds: Sequence[int], baseline: str, primary: str,
-           looks: Sequence[int], alpha: float, margin: float | None, metric_param: str | None = None) -> dict:
+           looks: Sequence[int], alpha: float, margin: float | None, metric_param: str | None = None,
+           method: str = "t") -> dict:
     """The rounds' record from the runs' eval.json (a run without the metric counts as not run),
     with the plan's fingerprint (`metric_param`: report.primary_metric as params.yaml has it)."""
     results: dict[str, dict[int, float]] = {v: {} for v in variants}
@@ -28,11 +29,11 @@ def record(runs: Mapping, variants: Sequence[str], seeds: Sequence[int], baselin
         value = (run.eval or {}).get(primary)
         if variant in results and value is not None:
             results[variant][int(seed)] = float(value)
-    plan = Plan(tuple(looks), alpha, margin, len(variants) - 1)
+    plan = Plan(tuple(looks), alpha, margin, len(variants) - 1, method)
     rec = step(results, plan, seeds, higher_is_better(primary), baseline=baseline)
     rec["metric"] = primary
     rec["fingerprint"] = plan_fingerprint(baseline=baseline, variants=variants, seeds=seeds, looks=looks,
-                                          alpha=alpha, margin=margin, metric=metric_param)
+                                          alpha=alpha, margin=margin, metric=metric_param, method=method)
     rec["runs_spent"] = runs_spent(rec)
     rec["fixed_design_runs"] = fixed_design_runs(plan, len(variants) - 1)
     return rec
@@ -49,14 +50,21 @@ def decision_blocks(rec: Mapping) -> list[Block]:
         rows.append([name, taken, str(last["n"]) if last else "0", fmt(last["mean"], 3) if last else "—",
                      interval, v["state"], str(v["runs"])])
     level = plan["level"]
+    median = plan.get("method") == "median"
+    kind = ("a distribution-free interval for the median difference (order statistics; no interval before "
+            f"{plan['first_look']} seeds)" if median else "a t-interval")
     words = (f"Seeds until decided: each comparison with {rec['baseline']['name']} on {rec['metric']} was looked at "
-             f"when it had {', '.join(map(str, plan['looks']))} paired seeds, with a t-interval at level "
+             f"when it had {', '.join(map(str, plan['looks']))} paired seeds, with {kind} at level "
              f"{level:.4f} (1 − α/(m·K), α {plan['alpha']}, m {plan['comparisons']} comparisons, K "
-             f"{len(plan['looks'])} looks): if each comparison's per-seed differences are independent draws from one "
-             f"normal distribution, every interval below covers its Δ at once with probability ≥ "
-             f"{1 - plan['alpha']:.2f} however the looks turned out (pipeline/deciding/rule.py); a skew (rare seeds far "
-             "out on one side, such as runs that leave a loss plateau late) breaks that guarantee. worse/better: the "
-             "interval excludes 0; " + (f"equivalent: it lies inside (−{margin}, {margin}); " if margin else "")
+             f"{len(plan['looks'])} looks): "
+             + (f"if the per-seed differences are independent draws from a continuous distribution, every interval "
+                f"below covers its median difference at once with probability ≥ {1 - plan['alpha']:.2f} however the "
+                "looks turned out (pipeline/deciding/rule.py). worse/better: the " if median else
+                f"if each comparison's per-seed differences are independent draws from one normal distribution, every "
+                f"interval below covers its Δ at once with probability ≥ {1 - plan['alpha']:.2f} however the looks "
+                "turned out (pipeline/deciding/rule.py); a skew (rare seeds far out on one side, such as runs that "
+                "leave a loss plateau late) breaks that guarantee. worse/better: the ")
+             + "interval excludes 0; " + (f"equivalent: it lies inside (−{margin}, {margin}); " if margin else "")
              + "undecided: the budget was spent first. Only open comparisons got more seeds.")
     spent, fixed = rec["runs_spent"], rec["fixed_design_runs"]
     cost = (f"Runs spent: {spent} (the baseline {rec['baseline']['runs']}), against {fixed} for the fixed design "
