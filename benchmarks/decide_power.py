@@ -1,0 +1,70 @@
+"""The price of seeds until decided, by simulation: how often each rule decides, and with how many
+runs, against the fixed design that runs every variant at the budget.
+
+Run: python -m benchmarks.decide_power [--studies 20000] [--seed 0]
+Prints one JSON object (docs/seeds-until-decided.md's power table reads reports/benchmarks/decide_power.json).
+
+Per m comparisons (1, 3, 5) and true difference Δ (0.5, 0.8, 1.5 standard deviations of a paired
+difference), every comparison with the same Δ, paired differences normal with correlation 0.5
+between comparisons (a shared baseline, as tests/test_deciding.py simulates), looks 3, 5, 8, 12,
+20, α 0.05, no margin:
+  decided_<method>   the share of comparisons decided in the right direction (t and median rules)
+  runs_<method>      the runs a study spent (baseline + variants) over the fixed design's (m + 1) x 20
+  fixed_power        the fixed 20-seed design's power: a paired t-test at α/m (Bonferroni over the
+                     comparisons), exact (noncentral t)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+from scipy import stats as sps
+
+from pipeline.deciding.rule import Plan, decide_all
+
+LOOKS = (3, 5, 8, 12, 20)
+ALPHA = 0.05
+COMPARISONS = (1, 3, 5)
+EFFECTS = (0.5, 0.8, 1.5)
+
+
+def fixed_power(delta: float, n: int, level: float) -> float:
+    """Power of a two-sided paired t-test at `level` with n differences of sd 1 and mean delta."""
+    crit = float(sps.t.isf(level / 2, n - 1))
+    nc = delta * math.sqrt(n)
+    return float(sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc))
+
+
+def simulate(m: int, delta: float, method: str, studies: int, rng) -> dict:
+    plan = Plan(LOOKS, ALPHA, None, m, method)
+    e = rng.standard_normal((studies, m + 1, plan.budget))
+    diffs = delta + (e[:, 1:] - e[:, :1]) / math.sqrt(2)
+    trace = decide_all(diffs, plan, higher_is_better=True)
+    used = np.asarray(LOOKS)[trace.stop]  # (studies, m): seeds each comparison ran
+    runs = used.sum(axis=1) + used.max(axis=1)  # the variants' and the baseline's
+    return {"decided": float((trace.final == "better").mean()), "runs": float(runs.mean() / ((m + 1) * plan.budget))}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--studies", type=int, default=20_000)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    for m in COMPARISONS:
+        for delta in EFFECTS:
+            row = {"comparisons": m, "delta_sd": delta, "fixed_power": round(fixed_power(delta, LOOKS[-1], ALPHA / m), 3)}
+            for method in ("t", "median"):
+                got = simulate(m, delta, method, args.studies, rng)
+                row[f"decided_{method}"] = round(got["decided"], 3)
+                row[f"runs_{method}"] = round(got["runs"], 3)
+            rows.append(row)
+    print(json.dumps({"looks": list(LOOKS), "alpha": ALPHA, "studies": args.studies, "seed": args.seed,
+                      "monte_carlo_se_max": round(0.5 / math.sqrt(args.studies), 4), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
