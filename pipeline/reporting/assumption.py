@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.deciding.rounds import FAR_OUT, shape
+from pipeline.deciding.rule import t_interval
 from pipeline.reporting import drawing
 from pipeline.reporting.inputs import Run
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
@@ -85,13 +86,11 @@ def plateau_exits(runs: Mapping[tuple[str, int], Run], plateau: float | None) ->
 
 
 def _interval(diffs: Sequence[float], level: float) -> tuple[float, float] | None:
-    from scipy import stats as sps
-
-    d = np.asarray(diffs, dtype=float)
-    if d.size < 2 or not d.std(ddof=1) > 0:
+    """The verdicts' t-interval (pipeline.deciding.rule.t_interval); None where it says nothing."""
+    if len(diffs) < 2:
         return None
-    half = float(sps.t.isf((1 - level) / 2, d.size - 1)) * float(d.std(ddof=1)) / math.sqrt(d.size)
-    return float(d.mean()) - half, float(d.mean()) + half
+    _, lo, hi, constant = t_interval(np.asarray(diffs, dtype=float), level)
+    return None if constant else (float(lo), float(hi))
 
 
 def assumption_blocks(runs: Mapping[tuple[str, int], Run], variants: Sequence[str], seeds: Sequence[int],
