@@ -42,7 +42,7 @@ class ModelConfig:
 
     Two switches reproduce defects of the seed studies, to explain their numbers; they are never a
     baseline and their defaults are the correct model: decoder_mask future_only (seed 000's mask
-    bug) and arch target_lm (seed 003's "decoder-only", which saw no source).
+    bug) and arch target_lm (our hypothesis of seed 003's "decoder-only": one that saw no source).
     """
 
     vocab_size: int = 8000  # one vocabulary for source and target (shared SentencePiece model)
@@ -59,8 +59,8 @@ class ModelConfig:
     # it the fused attention kernel can take its flash path; nn.Transformer uses `dropout` here.
     attention_dropout: float = 0.0
     max_len: int = 512  # longest sequence (decoder_only: source + target) the positions cover
-    # encoder_decoder | decoder_only | prefix_lm | target_lm (seed study 003's "decoder-only", to
-    # reproduce its numbers, never a baseline: no encoder and no source, a language model over
+    # encoder_decoder | decoder_only | prefix_lm | target_lm (our hypothesis of seed study 003's
+    # "decoder-only", which it does not describe; never a baseline: no encoder and no source, a language model over
     # bos + target alone, trained and scored on the same target tokens; it decodes unconditionally)
     arch: str = "encoder_decoder"  # the single-stack archs ignore n_encoder_layers
     positional: str = "sinusoidal"  # sinusoidal | learned | rope | relative | none

@@ -5,7 +5,7 @@ pipeline.params import ReportParams` works); this one imports nothing of pipelin
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -72,7 +72,13 @@ class SeedClaim(Section):
     seed_value: float | None = None  # the seed's number on our quantity's scale
     # value, filter_kept: how near counts as the same (not needed with comparable false); delta same: the margin
     tolerance: float | None = Field(None, ge=0)
-    comparable: bool = True  # false: ours is shown, the check says "cannot check here" (why says why)
+    comparable: bool = True  # false: not the seed's quantity; ours is shown, the check says "not comparable"
+    # What the seed's number came from, which ours must share for a verdict (else "not comparable",
+    # the difference named): settings every run behind it had, e.g. {model: {decoder_mask: future_only}},
+    # checked against the variant's (and `versus`') resolved settings; its passes over its training
+    # data (epochs), against ours (train.json passes): one budget class within a factor of 10.
+    seed_conditions: dict[Literal["model", "train"], dict[str, Any]] | None = None
+    seed_passes: float | None = Field(None, gt=0)
     why: str  # the reason beside the check: the arm that differs, the leak, the data, placeholders
 
     @model_validator(mode="after")

@@ -39,7 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
-from pipeline.params import Params, ParamsError, ReportParams, knockout_seeds, load_params, stage_error
+from pipeline.params import (Params, ParamsError, ReportParams, knockout_seeds, load_params, resolve_variant,
+                             stage_error)
 from pipeline.deciding.rounds import seed_order
 from pipeline.reporting import decisions, drawing, sweeps
 from pipeline.reporting.assumption import assumption_blocks
@@ -220,8 +221,20 @@ def _read_params(path: Path) -> Params:
 
 
 def claims(params: Params) -> list[dict]:
-    """report.seed_claims as mappings (what pipeline.reporting.claims reads)."""
-    return [claim.model_dump() for claim in params.report.seed_claims]
+    """report.seed_claims as mappings (what pipeline.reporting.claims reads), each with "arms": the
+    resolved settings of the variants it compares, which its seed_conditions are checked against."""
+    out = []
+    for i, claim in enumerate(params.report.seed_claims):
+        c = claim.model_dump()
+        names = {c.get("variant") or params.report.baseline, c.get("versus") or params.report.baseline}
+        c["arms"] = {v: resolve_variant(params, v) for v in sorted(names) if v in params.ablations}
+        for arm in c["arms"].values():
+            for section, settings in (c.get("seed_conditions") or {}).items():
+                if unknown := sorted(set(settings) - set(arm[section])):
+                    raise ReportInputError(f"report.seed_claims.{i}.seed_conditions.{section}.{unknown[0]}: "
+                                           f"not a {section} setting")
+        out.append(c)
+    return out
 
 
 def main_rates(params: Params) -> dict[str, float]:

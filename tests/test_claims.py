@@ -10,7 +10,8 @@ import yaml
 
 from pipeline.params import ParamsError, load_params
 from pipeline.report import _read_params, render_report
-from pipeline.reporting.claims import AGREE, CANNOT, CONTRADICT, UNDECIDED, claims_blocks, read_claim
+from pipeline.reporting.claims import (AGREE, CANNOT, CONTRADICT, NOT_COMPARABLE, UNDECIDED, claims_blocks,
+                                       read_claim)
 from pipeline.reporting.inputs import ReportInputError, Run
 from pipeline.reporting.results import compute_results
 from tests.committed import DEFAULT_PARAMS
@@ -36,7 +37,7 @@ def study():
         for s, (b, d) in enumerate(zip(BASE, shifts)):
             loss = b + d
             runs[(v, s)] = Run(v, s, train={"wall_time_s": 100.0 * (0.5 if v == "better" else 1.0) + s,
-                                            "train_loss": loss - 0.2, "threads": 2},
+                                            "train_loss": loss - 0.2, "threads": 2, "passes": 10.0 + s},
                                eval={"val_loss": loss, "val_ppl": math.exp(loss), "test_loss": loss + 0.01,
                                      "test_ppl": math.exp(loss + 0.01)})
     results = compute_results(runs, list(SHIFTS), SEEDS, "baseline")
@@ -142,7 +143,74 @@ def test_a_quantity_this_study_lacks_cannot_be_checked_here(study):
 
 def test_not_comparable_shows_ours_but_does_not_check(study):
     r = check(study, read="delta", variant="worse", metric="val_loss", expect="worse", comparable=False)
-    assert r["status"] == CANNOT and r["ours"].startswith("Δ +0.5")
+    assert r["status"] == NOT_COMPARABLE and r["ours"].startswith("Δ +0.5") and "comparable: false" in r["reason"]
+    value = check(study, read="value", variant="worse", metric="val_loss", seed_value=0.2, comparable=False)
+    assert value["status"] == NOT_COMPARABLE  # no tolerance needed to say so
+
+
+def arms(**settings) -> dict:
+    """claim["arms"] as pipeline.report.claims resolves them: each variant's model settings."""
+    return {v: {"model": {"decoder_mask": "causal", "n_heads": 4, **settings.get(v, {})}, "train": {"lr": 1e-3}}
+            for v in SHIFTS}
+
+
+def test_a_verdict_needs_the_seeds_arm(study):
+    leak = {"model": {"decoder_mask": "future_only"}}
+    keys = dict(read="delta", variant="worse", metric="val_loss", expect="worse", seed_conditions=leak)
+    # ours has the causal mask where the seed's runs had its leak: not comparable, the setting named
+    r = check(study, **keys, arms=arms())
+    assert r["status"] == NOT_COMPARABLE and r["ours"].startswith("Δ +0.5")
+    assert r["reason"] == ("worse has model.decoder_mask causal, the seed's runs had future_only; "
+                           "baseline has model.decoder_mask causal, the seed's runs had future_only")
+    # both arms of ours under the seed's mask: the verdict stands
+    both = arms(worse={"decoder_mask": "future_only"}, baseline={"decoder_mask": "future_only"})
+    assert check(study, **keys, arms=both)["status"] == AGREE
+    # one of the two compared arms lacks it: still not comparable, that arm named
+    r = check(study, **keys, arms=arms(worse={"decoder_mask": "future_only"}))
+    assert r["status"] == NOT_COMPARABLE and r["reason"].startswith("baseline has")
+    # a value reads one arm only
+    value = dict(read="value", variant="worse", metric="val_loss", seed_value=2.5, tolerance=1.0, seed_conditions=leak)
+    assert check(study, **value, arms=arms(worse={"decoder_mask": "future_only"}))["status"] == AGREE
+    # settings that cannot be looked up are not taken as the seed's
+    assert check(study, **keys)["status"] == NOT_COMPARABLE
+
+
+def test_a_verdict_needs_the_seeds_budget_class(study):
+    keys = dict(read="delta", variant="worse", metric="val_loss", expect="worse")
+    assert check(study, **keys, seed_passes=110)["status"] == AGREE  # ours 11 (median of 10, 11, 12): within 10x
+    assert check(study, **keys, seed_passes=1.1)["status"] == AGREE
+    r = check(study, **keys, seed_passes=300)
+    assert r["status"] == NOT_COMPARABLE and r["reason"] == (
+        "worse trained 11 passes over its training data, the seed's number came from 300")
+    assert check(study, **keys, seed_passes=1.0)["status"] == NOT_COMPARABLE
+    results, runs, filt = study
+    bare = {k: Run(r.variant, r.seed, train={x: y for x, y in r.train.items() if x != "passes"}, eval=r.eval)
+            for k, r in runs.items()}
+    r = read_claim(claim(**keys, seed_passes=20), results, bare, SEEDS, "baseline", filt)
+    assert r["status"] == NOT_COMPARABLE and "not recorded" in r["reason"]
+
+
+def test_the_report_resolves_the_arms_and_names_an_unknown_condition(tmp_path):
+    from pipeline.report import claims
+
+    leak = {"model": {"decoder_mask": "future_only"}}
+    path = write_params(tmp_path, [claim(read="delta", variant="worse", metric="val_loss", expect="worse",
+                                         seed_conditions=leak, seed_passes=300)])
+    [c] = claims(load_params(path))
+    assert sorted(c["arms"]) == ["baseline", "worse"] and c["arms"]["worse"]["model"]["decoder_mask"] == "causal"
+    path = write_params(tmp_path, [claim(read="delta", variant="worse", metric="val_loss", expect="worse",
+                                         seed_conditions={"model": {"decoder_msk": "future_only"}})])
+    with pytest.raises(ReportInputError) as info:
+        claims(load_params(path))
+    assert str(info.value) == "report.seed_claims.0.seed_conditions.model.decoder_msk: not a model setting"
+
+
+def test_a_time_ratio_timed_under_contention_is_not_checked(study):
+    results, runs, filt = study
+    busy = {k: Run(r.variant, r.seed, train={**r.train, "load": {"others_cpu_share": 0.9}}, eval=r.eval)
+            for k, r in runs.items()}
+    r = read_claim(claim(read="time_ratio", variant="better", expect="lower"), results, busy, SEEDS, "baseline", filt)
+    assert r["status"] == CANNOT and "contention" in r["reason"] and r["mean"] is not None
 
 
 def test_ppl_ratio_is_exp_of_the_loss_delta_and_its_interval(study):
@@ -249,12 +317,12 @@ def test_the_section_opens_the_body_after_the_verdict(tmp_path):
     assert md.index("## Verdict") < md.index("## Seed's claims") < md.index("## Setup")
     rows = [line for line in md.splitlines() if line.startswith("| it hurts") or line.startswith("| one head")]
     assert len(rows) == 2 and "| agree: our verdict: worse, the seed's: worse | same arm |" in rows[0]
-    assert "cannot check here" in rows[1] and "placeholders" in rows[1]
-    assert "1 agree, 1 cannot check here" in md
+    assert "not comparable: not the seed's quantity" in rows[1] and "placeholders" in rows[1]
+    assert "1 agree, 1 not comparable" in md
     html = (out / "report.html").read_text()
     assert "Seed&#x27;s claims" in html or "Seed's claims" in html
     details = json.loads((out / "details.json").read_text())
-    assert [c["status"] for c in details["seed_claims"]] == [AGREE, CANNOT]
+    assert [c["status"] for c in details["seed_claims"]] == [AGREE, NOT_COMPARABLE]
 
 
 def test_default_params_give_no_section(tmp_path):

@@ -26,9 +26,12 @@ paired t-test, uncorrected) says that direction, contradicts when it says the ot
 significant difference: the interval holds 0. `same` agrees when the whole interval lies within ±
 `tolerance`, contradicts when it lies outside (without a tolerance: when the verdict finds a
 difference), else undecided. A value agrees when our whole interval lies within `seed_value` ±
-`tolerance`, contradicts when none of it does. "Cannot check here" when the quantity is absent
-(no run, no file, no value) or the claim says it is not comparable (`comparable: false`, `read:
-none`); `why` says why in every case.
+`tolerance`, contradicts when none of it does. A verdict is given only like with like: "not
+comparable", the differences named, when ours is not the seed's quantity (`comparable: false`), an
+arm we compare lacks a setting the seed's runs had (`seed_conditions`), or our passes over the
+training data are more than BUDGET_CLASS times off the seed's (`seed_passes`). "Cannot check here"
+when the quantity is absent (no run, no file, no value, `read: none`) or a time ratio's runs were
+timed under contention; `why` says why in every case.
 """
 from __future__ import annotations
 
@@ -43,6 +46,11 @@ from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, Resu
 from pipeline.reporting.stats import Delta, higher_is_better, paired_delta, summarize
 
 AGREE, CONTRADICT, UNDECIDED, CANNOT = "agree", "contradict", "undecided", "cannot check here"
+NOT_COMPARABLE = "not comparable"
+STATUSES = (AGREE, CONTRADICT, UNDECIDED, NOT_COMPARABLE, CANNOT)
+# Passes within this factor of the seed's: the same budget class, an order of magnitude (10 passes and
+# the seed's 50 epochs are one; 10 and its 300, where a causal model memorises at ~100, are not).
+BUDGET_CLASS = 10.0
 TRAIN_VALUES = ("train_loss", "wall_time_s")  # value readings taken from train.json rather than eval.json
 
 
@@ -105,7 +113,55 @@ def _sequential(decided: Mapping | None, variant: str, versus: str, baseline: st
 def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int], baseline: str,
                filter_metrics: Mapping | None, decided: Mapping | None = None) -> dict:
     """Our number on the claim's quantity and the check: {"ours": text, "status", "reason",
-    "mean", "low", "high", "n"} (numbers None where absent)."""
+    "mean", "low", "high", "n"} (numbers None where absent). A verdict only where the quantity,
+    the arm and the budget class are the seed's; else "not comparable", the differences named."""
+    out = _read(claim, results, runs, seeds, baseline, filter_metrics, decided)
+    if out["status"] == CANNOT and out["mean"] is None:
+        return out  # nothing of ours to compare
+    passes = _passes(runs, claim.get("variant") or baseline, seeds)
+    if claim.get("seed_passes") and passes is not None:
+        out["ours"] += f" [{fmt(passes)} passes; the seed's number: {fmt(claim['seed_passes'])}]"
+    differs = differences(claim, runs, seeds, baseline)
+    return {**out, "status": NOT_COMPARABLE, "reason": "; ".join(differs)} if differs else out
+
+
+def _passes(runs: Mapping, variant: str, seeds: Sequence[int]) -> float | None:
+    """The median over seeds of the variant's passes over its training data (train.json), None if unrecorded."""
+    passes = sorted(p for p in ((runs[(variant, s)].train or {}).get("passes") for s in seeds if (variant, s) in runs)
+                    if p is not None)
+    return passes[len(passes) // 2] if passes else None
+
+
+def differences(claim: Mapping, runs: Mapping, seeds: Sequence[int], baseline: str) -> list[str]:
+    """How the claim's reading differs from the seed's: the quantity (comparable: false), a setting of
+    seed_conditions that an arm of ours lacks (claim["arms"]: resolved settings, pipeline.report), our
+    passes outside BUDGET_CLASS of seed_passes."""
+    out = [] if claim.get("comparable", True) else ["not the seed's quantity (comparable: false)"]
+    if claim["read"] in ("filter_kept", "none"):
+        return out
+    variant = claim.get("variant") or baseline
+    names = [variant] + ([claim.get("versus") or baseline] if claim["read"] != "value" else [])
+    for name in dict.fromkeys(names):
+        arm = (claim.get("arms") or {}).get(name)
+        for section, settings in (claim.get("seed_conditions") or {}).items():
+            for key, value in settings.items():
+                if arm is None:
+                    out.append(f"{name}'s settings unknown here, the seed's runs had {section}.{key} {value}")
+                elif arm[section].get(key) != value:
+                    out.append(f"{name} has {section}.{key} {arm[section].get(key)}, the seed's runs had {value}")
+    if seed := claim.get("seed_passes"):
+        ours = _passes(runs, variant, seeds)
+        if ours is None:
+            out.append(f"our passes over the training data are not recorded (train.json), the seed's: {fmt(seed)}")
+        elif max(ours, seed) / min(ours, seed) > BUDGET_CLASS:
+            out.append(f"{variant} trained {fmt(ours)} passes over its training data, the seed's number "
+                       f"came from {fmt(seed)}")
+    return out
+
+
+def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int], baseline: str,
+          filter_metrics: Mapping | None, decided: Mapping | None = None) -> dict:
+    """read_claim before the comparability check: the reading and our verdict's check."""
     read, variant, metric = claim["read"], claim.get("variant"), claim.get("metric")
     out = {"ours": MISSING, "status": CANNOT, "reason": "", "mean": None, "low": None, "high": None, "n": 0}
     if read == "none":
@@ -155,6 +211,8 @@ def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[
         timed = [(variant, s) for s in seeds] + [(versus, s) for s in seeds]
         if any(contended(runs[k].train) for k in timed if k in runs):
             ours += " ⚠ some of these runs were timed under contention (Training cost)"
+            return {**out, "ours": ours, "mean": mean, "n": n,
+                    "reason": "some of these runs were timed under contention: their times are not the seed's quantity"}
     elif read == "value":
         variant = variant or baseline
         if metric in TRAIN_VALUES:
@@ -185,7 +243,7 @@ def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[
         ours += _inside(claim["seed_value"], low_high)
     out.update(ours=ours, mean=mean, low=low, high=high, n=n)
     if not claim.get("comparable", True):
-        return {**out, "reason": "not the same quantity as the seed's (comparable: false)"}
+        return out  # not the seed's quantity: read_claim says so, no check
     status, reason = _check(claim, read, direction, mean, low_high)
     return {**out, "status": status, "reason": reason}
 
@@ -207,7 +265,7 @@ def _read_sequential(claim: Mapping, read: str, seq: Mapping, decided: Mapping, 
         ours += _inside(claim["seed_value"], (low, high))
     out = {**out, "ours": ours, "mean": mean, "low": low, "high": high, "n": seq["n"]}
     if not claim.get("comparable", True):
-        return {**out, "reason": "not the same quantity as the seed's (comparable: false)"}
+        return out  # not the seed's quantity: read_claim says so, no check
     expect = claim.get("expect")
     if read == "ppl_ratio":
         expect = {"higher": "worse", "lower": "better"}.get(expect, expect)
@@ -263,15 +321,17 @@ def claims_blocks(claims: Sequence[Mapping], results: Results, runs: Mapping, se
         counts[r["status"]] = counts.get(r["status"], 0) + 1
         rows.append([c["claim"], c["seed_says"], c["quantity"], r["ours"], f"{r['status']}: {r['reason']}",
                      c["why"]])
-    tally = ", ".join(f"{counts[s]} {s}" for s in (AGREE, CONTRADICT, UNDECIDED, CANNOT) if s in counts)
+    tally = ", ".join(f"{counts[s]} {s}" for s in STATUSES if s in counts)
     return [
         Heading("Seed's claims"),
         Paragraph(f"What the seed study claimed (params.yaml report.seed_claims, the preset's), beside our number "
                   f"on the same quantity read from this report's data: {tally}. The check is our verdict's: a "
                   "direction agrees when our test finds it (95% interval clear of no difference), contradicts "
                   "when it finds the other, is undecided when the interval holds no difference; a value agrees "
-                  "when our whole interval lies within the seed's number ± the claim's tolerance; cannot check "
-                  "here when the quantity is absent or not the seed's."
+                  "when our whole interval lies within the seed's number ± the claim's tolerance. Not comparable "
+                  "when ours is not the seed's quantity, an arm of ours lacks a setting the seed's runs had, "
+                  f"or our passes over the training data are more than {BUDGET_CLASS:g}× off the seed's (the "
+                  "difference named); cannot check here when the quantity is absent."
                   + (" Under seeds until decided a Δ of the primary metric against the baseline is checked by "
                      "the sequential verdict and its interval (Seeds until decided), not the fixed-n test."
                      if decided else "")),

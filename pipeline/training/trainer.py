@@ -322,6 +322,9 @@ def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=N
     estimates = [row[2] for row in s["val_rows"]]
     return {
         "steps": s["step"], "tokens_trained": s["tokens"], "budget_tokens": budget_tokens,
+        # passes over the training data (whole epochs + the share of the next): a seed's claim is
+        # compared only within its budget class (pipeline/reporting/claims.py)
+        "passes": s["epoch"] + s["index"] / len(data.epoch(s["epoch"])),
         "train_loss": s["train_rows"][-1][2] if s["train_rows"] else None,
         "val_loss": s["val_rows"][-1][2] if s["val_rows"] else None,
         "wall_time_s": wall, "tokens_per_s": s["tokens"] / max(wall, 1e-9),
