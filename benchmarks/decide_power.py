@@ -8,8 +8,12 @@ Per m comparisons (1, 3, 5) and true difference Δ (0.5, 0.8, 1.5 standard devia
 difference), every comparison with the same Δ, paired differences normal with correlation 0.5
 between comparisons (a shared baseline, as tests/test_deciding.py simulates), looks 3, 5, 8, 12,
 20, α 0.05, no margin:
-  decided_<method>   the share of comparisons decided in the right direction (t and median rules)
-  runs_<method>      the runs a study spent (baseline + variants) over the fixed design's (m + 1) x 20
+  decided_<rule>     the share of comparisons decided in the right direction, for each rule: t
+                     (t-intervals, Bonferroni over the looks), obf and pocock (t-intervals, exact
+                     Lan–DeMets boundaries: pipeline/deciding/boundary.py) and median (order
+                     statistics, Bonferroni)
+  seeds_<rule>       the seeds a comparison ran, on average (the fixed design: 20)
+  runs_<rule>        the runs a study spent (baseline + variants) over the fixed design's (m + 1) x 20
   fixed_power        the fixed 20-seed design's power: a paired t-test at α/m (Bonferroni over the
                      comparisons), exact (noncentral t)
 """
@@ -28,6 +32,7 @@ LOOKS = (3, 5, 8, 12, 20)
 ALPHA = 0.05
 COMPARISONS = (1, 3, 5)
 EFFECTS = (0.5, 0.8, 1.5)
+RULES = {"t": ("t", "bonferroni"), "obf": ("t", "obf"), "pocock": ("t", "pocock"), "median": ("median", "bonferroni")}
 
 
 def fixed_power(delta: float, n: int, level: float) -> float:
@@ -37,14 +42,15 @@ def fixed_power(delta: float, n: int, level: float) -> float:
     return float(sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc))
 
 
-def simulate(m: int, delta: float, method: str, studies: int, rng) -> dict:
-    plan = Plan(LOOKS, ALPHA, None, m, method)
+def simulate(m: int, delta: float, rule: str, studies: int, rng) -> dict:
+    plan = Plan(LOOKS, ALPHA, None, m, *RULES[rule])
     e = rng.standard_normal((studies, m + 1, plan.budget))
     diffs = delta + (e[:, 1:] - e[:, :1]) / math.sqrt(2)
     trace = decide_all(diffs, plan, higher_is_better=True)
     used = np.asarray(LOOKS)[trace.stop]  # (studies, m): seeds each comparison ran
     runs = used.sum(axis=1) + used.max(axis=1)  # the variants' and the baseline's
-    return {"decided": float((trace.final == "better").mean()), "runs": float(runs.mean() / ((m + 1) * plan.budget))}
+    return {"decided": float((trace.final == "better").mean()), "seeds": float(used.mean()),
+            "runs": float(runs.mean() / ((m + 1) * plan.budget))}
 
 
 def main() -> None:
@@ -57,10 +63,11 @@ def main() -> None:
     for m in COMPARISONS:
         for delta in EFFECTS:
             row = {"comparisons": m, "delta_sd": delta, "fixed_power": round(fixed_power(delta, LOOKS[-1], ALPHA / m), 3)}
-            for method in ("t", "median"):
-                got = simulate(m, delta, method, args.studies, rng)
-                row[f"decided_{method}"] = round(got["decided"], 3)
-                row[f"runs_{method}"] = round(got["runs"], 3)
+            for rule in RULES:
+                got = simulate(m, delta, rule, args.studies, rng)
+                row[f"decided_{rule}"] = round(got["decided"], 3)
+                row[f"seeds_{rule}"] = round(got["seeds"], 2)
+                row[f"runs_{rule}"] = round(got["runs"], 3)
             rows.append(row)
     print(json.dumps({"looks": list(LOOKS), "alpha": ALPHA, "studies": args.studies, "seed": args.seed,
                       "monte_carlo_se_max": round(0.5 / math.sqrt(args.studies), 4), "rows": rows}, indent=2))

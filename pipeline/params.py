@@ -245,6 +245,11 @@ class DecideParams(Section):
     # t: t-intervals for the mean difference (assume normal per-seed differences); median: the
     # order-statistic interval for the median difference (no normality; decides from a later look).
     method: Literal["t", "median"] = "t"
+    # How each comparison's error α/m is shared among the looks: bonferroni (α/(m·K) at every look),
+    # or a Lan–DeMets spending function with exact t boundaries (method t only): obf (O'Brien–Fleming-
+    # type: the most power at the budget, nothing decided at the first look), pocock, rho (α·τ^rho).
+    boundary: Literal["bonferroni", "obf", "pocock", "rho"] = "bonferroni"
+    rho: float = Field(1.0, gt=0)  # boundary rho's exponent
     # Written by `bash run.sh decide` (pipeline/deciding/loop.py), never by hand: the runs it added beyond
     # `seeds`, `variant-seed: {variant, seed}`; dvc.yaml lays out a train_more / evaluate_more /
     # knockout_more stage for each.
@@ -342,6 +347,9 @@ class Params(Section):
                              "(every variant trains those; the first look must be at len(seeds))")
         if len(self.ablations) < 2:
             raise ValueError("decide.looks: nothing to decide (ablations holds only the baseline)")
+        if self.decide.method == "median" and self.decide.boundary != "bonferroni":
+            raise ValueError(f"decide.boundary: {self.decide.boundary} is calibrated for t statistics; "
+                             "method median takes bonferroni")
         if self.decide.method == "median":  # pipeline.deciding.rule: order statistics need enough seeds
             level = 1 - self.decide.alpha / ((len(self.ablations) - 1) * len(looks))
             need = math.ceil(1 - math.log2(1 - level))

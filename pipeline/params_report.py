@@ -51,10 +51,11 @@ CLAIM_READS = {"delta": ({"variant", "metric", "expect"}, {"versus", "seed_value
                "ppl_ratio": ({"variant", "expect"}, {"versus", "metric", "seed_value"}),
                "time_ratio": ({"variant", "expect"}, {"versus", "seed_value"}),
                "value": ({"metric", "seed_value", "tolerance"}, {"variant"}),
+               "plateau": ({"variant", "expect"}, set()),
                "filter_kept": ({"seed_value", "tolerance"}, {"split"}),
                "none": (set(), set())}
 CLAIM_EXPECT = {"delta": ("worse", "better", "same"), "ppl_ratio": ("lower", "higher"),
-                "time_ratio": ("lower", "higher")}
+                "time_ratio": ("lower", "higher"), "plateau": ("stays", "leaves")}
 
 
 class SeedClaim(Section):
@@ -63,12 +64,14 @@ class SeedClaim(Section):
     claim: str  # the claim in the seed's words, short
     seed_says: str  # the seed's number or words, quoted exactly
     quantity: str  # what quantity that is, in words
-    read: Literal["delta", "ppl_ratio", "time_ratio", "value", "filter_kept", "none"]
+    read: Literal["delta", "ppl_ratio", "time_ratio", "value", "plateau", "filter_kept", "none"]
     variant: str | None = None  # a key of ablations (value: the baseline when unset)
     versus: str | None = None  # delta, ratios: the variant it is compared with (the baseline when unset)
     metric: str | None = None  # a reported metric (value: or train_loss, train.json's last logged)
     split: str | None = None  # filter_kept: the filter.json split (train when unset)
-    expect: Literal["worse", "better", "same", "lower", "higher"] | None = None  # the seed's direction
+    # the seed's direction; plateau: whether the arm's loss stays at the unigram plateau (it does not
+    # converge) or leaves it
+    expect: Literal["worse", "better", "same", "lower", "higher", "stays", "leaves"] | None = None
     seed_value: float | None = None  # the seed's number on our quantity's scale
     # value, filter_kept: how near counts as the same (not needed with comparable false); delta same: the margin
     tolerance: float | None = Field(None, ge=0)

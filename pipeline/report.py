@@ -103,7 +103,8 @@ def render_report(
     # Seeds until decided (params decide): the rounds' record from the same runs, and its section.
     decided = (decisions.record(runs, variants, decide["seeds"], baseline, results.primary, decide["looks"],
                                 decide["alpha"], decide["margin"], decide.get("primary_metric"),
-                                decide.get("method", "t")) if decide else None)
+                                decide.get("method", "t"), decide.get("boundary", "bonferroni"),
+                                decide.get("rho", 1.0)) if decide else None)
     plateau = unigram_plateau(runs)
     knockouts = load_knockouts(Path(evals_dir), baseline, knockout_seeds)  # {} when the stage is off
     task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
@@ -136,7 +137,8 @@ def render_report(
             + delta_blocks(results, baseline, colors, tmp / "figures", decided)
             + [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
             + assumption_blocks(runs, variants, seeds, baseline, results.primary, plateau,
-                                decided["plan"]["level"] if decided else 1 - ALPHA, tmp / "figures", colors)
+                                decisions.last_level(decided["plan"]) if decided else 1 - ALPHA, tmp / "figures",
+                                colors)
             + claims_blocks(seed_claims, results, runs, seeds, baseline, filt, decided)
             + setup_blocks(runs, variants, seeds, baseline, budget, task,
                            planned=decisions.planned_seeds(variants, decide["seeds"], decide["runs"]) if decide else None)
@@ -287,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 seed_claims=claims(params),
                 decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin,
                         "runs": {k: r.model_dump() for k, r in decide.runs.items()},
-                        "primary_metric": report.primary_metric, "method": decide.method}
+                        "primary_metric": report.primary_metric, "method": decide.method,
+                        "boundary": decide.boundary, "rho": decide.rho}
                 if decide.looks else None,
             )
     except (ReportInputError, DiskFull, drawing.DrawingError) as e:

@@ -39,7 +39,7 @@ def study():
             runs[(v, s)] = Run(v, s, train={"wall_time_s": 100.0 * (0.5 if v == "better" else 1.0) + s,
                                             "train_loss": loss - 0.2, "threads": 2, "passes": 10.0 + s},
                                eval={"val_loss": loss, "val_ppl": math.exp(loss), "test_loss": loss + 0.01,
-                                     "test_ppl": math.exp(loss + 0.01)})
+                                     "test_ppl": math.exp(loss + 0.01), "unigram_val_loss": 2.4})
     results = compute_results(runs, list(SHIFTS), SEEDS, "baseline")
     filt = {"splits": {"train": {"raw": 1000, "dropped_length": 930, "kept": 70}}}
     return results, runs, filt
@@ -205,6 +205,15 @@ def test_the_report_resolves_the_arms_and_names_an_unknown_condition(tmp_path):
     assert str(info.value) == "report.seed_claims.0.seed_conditions.model.decoder_msk: not a model setting"
 
 
+def test_does_not_converge_is_checked_against_the_unigram_plateau(study):
+    # "worse" (mean 2.5, its interval reaching 2.4) stays at the plateau; "better" (1.7) left it
+    stays = check(study, read="plateau", variant="worse", expect="stays")
+    assert stays["status"] == AGREE and "against the unigram plateau 2.4" in stays["ours"]
+    left = check(study, read="plateau", variant="better", expect="stays")
+    assert left["status"] == CONTRADICT and "converged" in left["reason"] and left["high"] < 2.4
+    assert check(study, read="plateau", variant="better", expect="leaves")["status"] == AGREE
+
+
 def test_a_time_ratio_timed_under_contention_is_not_checked(study):
     results, runs, filt = study
     busy = {k: Run(r.variant, r.seed, train={**r.train, "load": {"others_cpu_share": 0.9}}, eval=r.eval)
@@ -222,6 +231,14 @@ def test_ppl_ratio_is_exp_of_the_loss_delta_and_its_interval(study):
     assert (r["low"], r["high"]) == pytest.approx((math.exp(d.mean - d.half_width), math.exp(d.mean + d.half_width)))
     assert "the seed's 0.953 is outside it" in r["ours"]
     assert check(study, read="ppl_ratio", variant="worse", expect="lower")["status"] == CONTRADICT
+
+
+def test_an_undecided_direction_still_rules_out_the_seeds_number(study):
+    # "straddles": no significant difference; a seed's number outside our interval is contradicted
+    inside = check(study, read="delta", variant="straddles", metric="val_loss", expect="better", seed_value=0.0)
+    assert inside["status"] == UNDECIDED
+    outside = check(study, read="delta", variant="straddles", metric="val_loss", expect="better", seed_value=-2.0)
+    assert outside["status"] == CONTRADICT and "ruled out" in outside["reason"]
 
 
 def test_time_ratio_pairs_the_wall_times_by_seed(study):

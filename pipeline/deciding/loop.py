@@ -10,8 +10,8 @@ Params: decide.looks (seed counts, fixed before any run), decide.alpha, decide.m
 3. Otherwise add the runs it asks for (open variants and the baseline, the seeds of their next look)
    to params.yaml's decide.runs, a text edit that keeps the file's comments, and go to 1.
 Before each round the plan is checked against the last record's fingerprint (changed_plan): once
-runs were added, other looks, α, δ, seeds, variants, baseline or metric are refused in one line
-(--restart goes on under the new plan, knowingly).
+runs were added, other looks, α, δ, method, boundary, seeds, variants, baseline or metric are
+refused in one line (--restart goes on under the new plan, knowingly).
 DVC turns each added entry into train_more / evaluate_more stages; nothing already run reruns. A
 kill anywhere is safe: run the command again and the grid picks up what is missing, and the record
 is recomputed from the results, so it is the same however many rounds or restarts it took. At the
@@ -105,14 +105,15 @@ def fingerprint(params) -> str:
     return plan_fingerprint(baseline=params.report.baseline, variants=[str(v) for v in params.ablations],
                             seeds=params.seeds, looks=params.decide.looks, alpha=params.decide.alpha,
                             margin=params.decide.margin, metric=params.report.primary_metric,
-                            method=params.decide.method)
+                            method=params.decide.method, boundary=params.decide.boundary,
+                            rho=params.decide.rho)
 
 
 def changed_plan(params, record_path: Path = RECORD) -> str | None:
     """Why the study cannot go on under params.yaml's plan, or None. A study is under way once
     decide.runs holds runs this loop added; its last record names the plan its looks were taken
-    under. Another plan (looks, α, margin, seeds, variants, baseline, metric) would re-decide every
-    look already taken, as if it had been the plan from the start."""
+    under. Another plan (looks, α, margin, method, boundary, seeds, variants, baseline, metric) would
+    re-decide every look already taken, as if it had been the plan from the start."""
     if not params.decide.runs or not record_path.is_file():
         return None
     try:

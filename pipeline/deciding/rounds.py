@@ -54,7 +54,8 @@ def _paired_prefix(order: list[int], variant: Mapping[int, float], baseline: Map
 
 
 def plan_fingerprint(*, baseline: str, variants: Sequence[str], seeds: Sequence[int], looks: Sequence[int],
-                     alpha: float, margin: float | None, metric: str | None, method: str = "t") -> str:
+                     alpha: float, margin: float | None, metric: str | None, method: str = "t",
+                     boundary: str = "bonferroni", rho: float = 1.0) -> str:
     """What the study was planned as, hashed: every look's verdict depends on it, so a study whose
     rounds ran under one fingerprint cannot go on under another (pipeline/deciding/loop.py). `metric`
     as params.yaml names it (report.primary_metric; None: the report's default for the task)."""
@@ -63,6 +64,8 @@ def plan_fingerprint(*, baseline: str, variants: Sequence[str], seeds: Sequence[
     plan = {"baseline": baseline, "variants": sorted(variants), "seeds": [int(s) for s in seeds],
             "looks": [int(n) for n in looks], "alpha": float(alpha),
             "margin": None if margin is None else float(margin), "metric": metric, "method": method}
+    if boundary != "bonferroni":  # a Bonferroni study's fingerprint stays what it was before boundaries
+        plan.update(boundary=boundary, rho=float(rho) if boundary == "rho" else None)
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -24,16 +24,25 @@ if its interval misses Delta: "worse"/"better" states the sign of Delta, "equiva
 is <= alpha (tests/test_deciding.py checks it by simulation, and that naive peeking fails there).
 
 What it is not.
-- Not the tightest valid rule: the union bound ignores how strongly nested looks are correlated,
-  so the real error is below alpha (about 0.04 at alpha 0.05 and looks 3, 5, 8, 12, 20 in the
-  simulation) and a group-sequential boundary or a t-confidence sequence would decide sooner.
-  It trades seeds for a proof that fits in a paragraph.
+- Not the tightest valid rule under Bonferroni: the union bound ignores how strongly nested looks
+  are correlated, so the real error is below alpha (about 0.04 at alpha 0.05 and looks 3, 5, 8,
+  12, 20 in the simulation); a spending boundary (below) spends alpha exactly.
 - It assumes what the t-interval assumes: paired differences normal and independent across seeds.
   At three seeds a heavy tail cannot be seen in the data.
-- The looks, alpha, m and delta must be fixed before the first run; choosing any of them after
+- The looks, alpha, m, delta and the boundary must be fixed before the first run; choosing any after
   seeing results voids the proof. Seeds are used in their fixed order, never dropped or rerun.
 - "undecided" is not "equivalent": at the budget the interval still straddles 0 and a margin.
 - After adaptive stopping a fixed-n p-value or post-hoc power of the same data is not valid.
+
+Group-sequential boundaries (Plan.boundary "obf", "pocock", "rho"; method t). Bonferroni spends
+alpha / (m K) at every look whatever the looks' correlation, and pays for it in power. A spending
+boundary keeps the union bound over the m comparisons only: each comparison's looks share alpha / m
+by a Lan–DeMets function, through critical values c_k exact for the t statistics of nested looks
+(pipeline/deciding/boundary.py), and the interval at look k is mean +- c_k s / sqrt(n_k). These
+repeated confidence intervals cover Delta at every look at once with probability 1 - alpha / m under
+the t-model, so the proof above holds word for word with "the K intervals of a comparison" in place
+of "K intervals, each missing with probability alpha / (m K)". Stopping stays non-binding: the
+coverage holds whether or not a study stops where a boundary says it may.
 
 Zero variance (every seed gives the same difference, e.g. identical runs) is handled as
 pipeline.reporting.stats handles it: the interval is the point, said in a note, never NaN; it
@@ -56,6 +65,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
+from pipeline.deciding.boundary import SPENDING, criticals, nominal
+
 DECIDED = ("worse", "better", "equivalent")  # a comparison with one of these takes no later look
 VERDICTS = DECIDED + ("continue", "undecided")
 ZERO_VARIANCE = ("zero variance: every seed gives the same difference, so the interval is that point, "
@@ -65,6 +76,7 @@ INSIDE_MARGIN = "inside the margin too: a difference smaller than the margin"
 # float round-off must not give an absurdly narrow interval.
 ZERO_VARIANCE_RTOL = 1e-12
 METHODS = ("t", "median")
+BOUNDARIES = ("bonferroni",) + SPENDING
 
 
 def _is_int(x: object) -> bool:
@@ -84,6 +96,10 @@ class Plan:
     margin: float | None  # delta: an interval inside (-delta, delta) is "equivalent"; None decides signs only
     comparisons: int  # m, the ablations compared with the baseline: Bonferroni counts every one
     method: str = "t"  # "t": t-intervals for the mean difference; "median": order statistics, no normality
+    # How the looks share each comparison's error alpha / m: "bonferroni" (alpha / (m K) at every
+    # look) or a Lan–DeMets spending function (pipeline/deciding/boundary.py; method t only)
+    boundary: str = "bonferroni"
+    rho: float = 1.0  # the exponent of boundary "rho"
 
     def __post_init__(self) -> None:
         if isinstance(self.looks, (str, bytes)) or not isinstance(self.looks, (Sequence, np.ndarray)):
@@ -106,18 +122,40 @@ class Plan:
             raise ValueError(f"Plan.comparisons must be an integer >= 1, got {self.comparisons!r}")
         if self.method not in METHODS:
             raise ValueError(f"Plan.method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.boundary not in BOUNDARIES:
+            raise ValueError(f"Plan.boundary must be one of {', '.join(BOUNDARIES)}, got {self.boundary!r}")
+        if self.method == "median" and self.boundary != "bonferroni":
+            raise ValueError("Plan.boundary: method median takes boundary bonferroni only (a spending boundary "
+                             "is calibrated for t statistics)")
+        if not _is_real(self.rho) or not 0 < self.rho < math.inf:
+            raise ValueError(f"Plan.rho must be a number > 0, got {self.rho!r}")
         object.__setattr__(self, "looks", looks)  # frozen: normalised once (a list from YAML -> tuple)
         object.__setattr__(self, "alpha", float(self.alpha))
         object.__setattr__(self, "margin", None if self.margin is None else float(self.margin))
         object.__setattr__(self, "comparisons", int(self.comparisons))
+        object.__setattr__(self, "rho", float(self.rho))
         if self.method == "median" and median_rank(self.budget, self.level) is None:
             raise ValueError(f"Plan.looks: with method median no look can decide at level {self.level:.4f}: "
                              f"the budget must be at least {min_seeds(self.level)} seeds, got {self.budget}")
 
     @property
     def level(self) -> float:
-        """Confidence level of every interval: 1 - alpha / (comparisons * looks)."""
+        """Bonferroni's level of every interval: 1 - alpha / (comparisons * looks)."""
         return 1 - self.alpha / (self.comparisons * len(self.looks))
+
+    @property
+    def criticals(self) -> tuple[float, ...]:
+        """The t-interval's critical value at each look (inf: no verdict can come at that look)."""
+        if self.boundary == "bonferroni":
+            return tuple(float(sps.t.isf((1 - self.level) / 2, n - 1)) for n in self.looks)
+        return criticals(self.looks, self.alpha / self.comparisons, self.boundary, self.rho)
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        """Each look's interval as a fixed-n interval's coverage (Bonferroni: `level` at every look)."""
+        if self.boundary == "bonferroni" or self.method == "median":
+            return (self.level,) * len(self.looks)
+        return tuple(nominal(c, n) for c, n in zip(self.criticals, self.looks))
 
     @property
     def budget(self) -> int:
@@ -127,12 +165,20 @@ class Plan:
     @property
     def first_look(self) -> int:
         """The first look's seed count at which an interval can exclude anything (t: the first look)."""
-        return next(n for n in self.looks if self.method == "t" or median_rank(n, self.level) is not None)
+        if self.method == "t":
+            return next((n for n, c in zip(self.looks, self.criticals) if math.isfinite(c)), self.budget)
+        return next(n for n in self.looks if median_rank(n, self.level) is not None)
 
     def to_json(self) -> dict:
-        return {"looks": list(self.looks), "alpha": self.alpha, "margin": self.margin,
-                "comparisons": self.comparisons, "level": self.level, "method": self.method,
-                "first_look": self.first_look}
+        out = {"looks": list(self.looks), "alpha": self.alpha, "margin": self.margin,
+               "comparisons": self.comparisons, "level": self.level, "method": self.method,
+               "first_look": self.first_look}  # level: Bonferroni's (a spending plan's are `levels`)
+        if self.boundary != "bonferroni":  # records of the Bonferroni rule keep their shape
+            out.update(boundary=self.boundary, levels=list(self.levels),
+                       criticals=[c if math.isfinite(c) else None for c in self.criticals])
+            if self.boundary == "rho":
+                out["rho"] = self.rho
+        return out
 
 
 @dataclass(frozen=True)
@@ -141,7 +187,7 @@ class Decision:
 
     n: int  # paired seeds used: the look's seed count
     mean: float  # mean difference variant - baseline
-    lo: float  # the t-interval at Plan.level
+    lo: float  # the look's interval (Plan.levels)
     hi: float
     verdict: str  # one of VERDICTS
     note: str = ""  # "" | ZERO_VARIANCE | INSIDE_MARGIN (joined with "; " when both)
@@ -151,16 +197,20 @@ class Decision:
                 "note": self.note}
 
 
-def t_interval(diffs: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mean and two-sided Student t-interval at `level` over the last axis of `diffs` (n >= 2 values),
-    and where they have zero variance (there the interval is the mean itself, not NaN)."""
+def t_interval(diffs: np.ndarray, level: float | None = None,
+               critical: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and two-sided Student t-interval at `level` (or with the critical value `critical`, inf
+    for an unbounded one) over the last axis of `diffs` (n >= 2 values), and where they have zero
+    variance (there the interval is the mean itself, not NaN)."""
     d = np.asarray(diffs, dtype=float)
     n = d.shape[-1]
     if n < 2:
         raise ValueError(f"a t-interval needs at least 2 differences, got {n}")
     mean = d.mean(axis=-1)
     constant = np.ptp(d, axis=-1) <= ZERO_VARIANCE_RTOL * np.maximum(1.0, np.abs(d).max(axis=-1))
-    half = float(sps.t.isf((1 - level) / 2, n - 1)) * d.std(axis=-1, ddof=1) / math.sqrt(n)
+    c = float(sps.t.isf((1 - level) / 2, n - 1)) if critical is None else critical
+    with np.errstate(invalid="ignore"):  # inf x 0 spread: a constant, handled below
+        half = c * d.std(axis=-1, ddof=1) / math.sqrt(n)
     half = np.where(constant, 0.0, half)
     return mean, mean - half, mean + half, constant
 
@@ -192,9 +242,12 @@ def median_interval(diffs: np.ndarray, level: float) -> tuple[np.ndarray, np.nda
     return centre, d[..., k - 1], d[..., n - k], constant
 
 
-def interval(diffs: np.ndarray, plan: "Plan") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The plan's interval at its level: the t-interval of the mean, or the median's."""
-    return (median_interval if plan.method == "median" else t_interval)(diffs, plan.level)
+def interval(diffs: np.ndarray, plan: "Plan", look: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The plan's interval at look `look`: the t-interval of the mean with the boundary's critical
+    value there, or the median's at the Bonferroni level."""
+    if plan.method == "median":
+        return median_interval(diffs, plan.level)
+    return t_interval(diffs, critical=plan.criticals[look])
 
 
 def _verdicts(lo: np.ndarray, hi: np.ndarray, margin: float | None, final: np.ndarray | bool,
@@ -230,7 +283,7 @@ def decide(diffs: Sequence[float], plan: Plan, look: int, higher_is_better: bool
     d = d[:n]
     if not np.all(np.isfinite(d)):
         raise ValueError("decide() needs finite differences; a diverged run must be dealt with first")
-    mean, lo, hi, constant = interval(d, plan)
+    mean, lo, hi, constant = interval(d, plan, look)
     verdict = str(_verdicts(lo, hi, plan.margin, look == len(plan.looks) - 1, higher_is_better, constant))
     notes = [ZERO_VARIANCE] if constant else []
     if verdict in ("worse", "better") and plan.margin is not None and -plan.margin < lo and hi < plan.margin:
@@ -267,7 +320,7 @@ def decide_all(diffs: np.ndarray, plan: Plan, higher_is_better: bool = False) ->
     d = np.asarray(diffs, dtype=float)
     if d.ndim < 1 or d.shape[-1] < plan.budget:
         raise ValueError(f"decide_all() needs {plan.budget} differences per comparison, got shape {d.shape}")
-    parts = [interval(d[..., :n], plan) for n in plan.looks]
+    parts = [interval(d[..., :n], plan, k) for k, n in enumerate(plan.looks)]
     mean, lo, hi, constant = (np.stack([p[i] for p in parts], axis=-1) for i in range(4))
     final = np.arange(len(plan.looks)) == len(plan.looks) - 1
     verdict = _verdicts(lo, hi, plan.margin, final, higher_is_better, constant)

@@ -15,6 +15,9 @@ report's own data (`read`); never a number of ours typed into the preset. The re
 - value: the variant's (the baseline's when unset) mean `metric` over seeds with its interval, or
   train.json's train_loss (the last logged training loss) or wall_time_s, beside `seed_value` ±
   `tolerance`.
+- plateau: whether the variant's mean val_loss, its whole interval, ends below the unigram
+  plateau (eval.json's unigram_val_loss: a model that learnt only the tokens' frequencies); expect
+  stays ("does not converge": contradicted when it ends below) or leaves.
 - filter_kept: the share of `split` (train) the length filter kept (filter.json), beside
   `seed_value` ± `tolerance`.
 - none: nothing here measures it.
@@ -23,7 +26,8 @@ The check is our verdict's. A direction (worse/better, lower/higher) agrees when
 the Δ behind it (the primary metric's uncorrected test, a secondary metric's Holm-corrected one, a
 derived metric's source's; against `versus`, and for a time ratio on the log times, the same
 paired t-test, uncorrected) says that direction, contradicts when it says the other, and is undecided when there is no
-significant difference: the interval holds 0. `same` agrees when the whole interval lies within ±
+significant difference: the interval holds 0 (contradicts when the claim's `seed_value` lies
+outside our interval: the seed's number is ruled out). `same` agrees when the whole interval lies within ±
 `tolerance`, contradicts when it lies outside (without a tolerance: when the verdict finds a
 difference), else undecided. A value agrees when our whole interval lies within `seed_value` ±
 `tolerance`, contradicts when none of it does. A verdict is given only like with like: "not
@@ -39,10 +43,11 @@ import math
 from collections.abc import Mapping, Sequence
 
 from pipeline.reporting.cost import contended
+from pipeline.reporting.decisions import look_level
 from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_p
 from pipeline.reporting.inputs import ReportInputError, number, values_by_seed
 from pipeline.reporting.render import Block, Heading, Paragraph, Table
-from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, Results
+from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, Results, unigram_plateau
 from pipeline.reporting.stats import Delta, higher_is_better, paired_delta, summarize
 
 AGREE, CONTRADICT, UNDECIDED, CANNOT = "agree", "contradict", "undecided", "cannot check here"
@@ -140,7 +145,7 @@ def differences(claim: Mapping, runs: Mapping, seeds: Sequence[int], baseline: s
     if claim["read"] in ("filter_kept", "none"):
         return out
     variant = claim.get("variant") or baseline
-    names = [variant] + ([claim.get("versus") or baseline] if claim["read"] != "value" else [])
+    names = [variant] + ([claim.get("versus") or baseline] if claim["read"] not in ("value", "plateau") else [])
     for name in dict.fromkeys(names):
         arm = (claim.get("arms") or {}).get(name)
         for section, settings in (claim.get("seed_conditions") or {}).items():
@@ -227,6 +232,22 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
         mean, n = s.mean, s.n
         low_high = _interval(s.mean, s.half_width)
         ours = f"{variant}, {where}: {fmt(mean)} ({_ci_text(low_high)}, {n} seed{'s' * (n != 1)})"
+    elif read == "plateau":
+        s = results.summaries.get(variant, {}).get("val_loss")
+        plateau = unigram_plateau(runs)
+        if s is None or s.mean is None or plateau is None:
+            return {**out, "reason": f"no val_loss for {variant} or no unigram plateau (eval.json) in this study"}
+        mean, n, low_high = s.mean, s.n, _interval(s.mean, s.half_width)
+        top = low_high[1] if low_high else mean
+        ours = (f"{variant}, val_loss {fmt(mean)} ({_ci_text(low_high)}, {n} seed{'s' * (n != 1)}) against the unigram "
+                f"plateau {fmt(plateau)}: {1 - mean / plateau:.0%} below it")
+        out.update(ours=ours, mean=mean, low=low_high[0] if low_high else None, high=top, n=n)
+        if not claim.get("comparable", True):
+            return out
+        left = top < plateau  # the whole interval below: it learnt more than the characters' frequencies
+        status = AGREE if left == (claim["expect"] == "leaves") else CONTRADICT
+        return {**out, "status": status, "reason": ("our whole interval lies below the plateau: it converged, "
+                                                     "whatever its Δ" if left else "our interval reaches the plateau")}
     else:  # filter_kept
         split = claim.get("split") or "train"
         counts = ((filter_metrics or {}).get("splits") or {}).get(split)
@@ -254,7 +275,7 @@ def _read_sequential(claim: Mapping, read: str, seq: Mapping, decided: Mapping, 
     mean, low, high, state = seq["mean"], seq["lo"], seq["hi"], seq["state"]
     words = {"continue": "not decided yet", "undecided": "undecided at the budget",
              "equivalent": f"equivalent (inside ±{plan.get('margin')})"}.get(state, state)
-    interval = f"{plan['level']:.2%} sequential interval"
+    interval = f"{look_level(plan, seq['n']):.2%} sequential interval"
     if read == "delta":
         ours = f"Δ {mean:+.3g} ({interval} [{fmt(low, 3)}, {fmt(high, 3)}], {seq['n']} paired seeds): {words}"
     else:
@@ -306,6 +327,10 @@ def _check(claim: Mapping, read: str, direction: str | None, mean: float,
             return CONTRADICT, f"our verdict: {direction}"
         return UNDECIDED, "no significant difference, which is not evidence of none (no margin given)"
     if direction is None:
+        seed = claim.get("seed_value")
+        if seed is not None and low_high is not None and not low_high[0] <= seed <= low_high[1]:
+            return CONTRADICT, (f"no significant difference, and the seed's {fmt(seed)} lies outside our interval: "
+                                "its number is ruled out")
         return UNDECIDED, "no significant difference: our interval holds " + ("1" if read != "delta" else "0")
     return (AGREE if direction == expect else CONTRADICT), f"our verdict: {direction}, the seed's: {expect}"
 

@@ -21,7 +21,7 @@ from pipeline.reporting.stats import higher_is_better
 
 def record(runs: Mapping, variants: Sequence[str], seeds: Sequence[int], baseline: str, primary: str,
            looks: Sequence[int], alpha: float, margin: float | None, metric_param: str | None = None,
-           method: str = "t") -> dict:
+           method: str = "t", boundary: str = "bonferroni", rho: float = 1.0) -> dict:
     """The rounds' record from the runs' eval.json (a run without the metric counts as not run),
     with the plan's fingerprint (`metric_param`: report.primary_metric as params.yaml has it)."""
     results: dict[str, dict[int, float]] = {v: {} for v in variants}
@@ -29,11 +29,12 @@ def record(runs: Mapping, variants: Sequence[str], seeds: Sequence[int], baselin
         value = (run.eval or {}).get(primary)
         if variant in results and value is not None:
             results[variant][int(seed)] = float(value)
-    plan = Plan(tuple(looks), alpha, margin, len(variants) - 1, method)
+    plan = Plan(tuple(looks), alpha, margin, len(variants) - 1, method, boundary, rho)
     rec = step(results, plan, seeds, higher_is_better(primary), baseline=baseline)
     rec["metric"] = primary
     rec["fingerprint"] = plan_fingerprint(baseline=baseline, variants=variants, seeds=seeds, looks=looks,
-                                          alpha=alpha, margin=margin, metric=metric_param, method=method)
+                                          alpha=alpha, margin=margin, metric=metric_param, method=method,
+                                          boundary=boundary, rho=rho)
     rec["runs_spent"] = runs_spent(rec)
     rec["fixed_design_runs"] = fixed_design_runs(plan, len(variants) - 1)
     return rec
@@ -49,14 +50,12 @@ def decision_blocks(rec: Mapping) -> list[Block]:
         interval = f"[{fmt(last['lo'], 3)}, {fmt(last['hi'], 3)}]" if last else "—"
         rows.append([name, taken, str(last["n"]) if last else "0", fmt(last["mean"], 3) if last else "—",
                      interval, v["state"], str(v["runs"])])
-    level = plan["level"]
     median = plan.get("method") == "median"
     kind = ("a distribution-free interval for the median difference (order statistics; no interval before "
             f"{plan['first_look']} seeds)" if median else "a t-interval")
     words = (f"Seeds until decided: each comparison with {rec['baseline']['name']} on {rec['metric']} was looked at "
-             f"when it had {', '.join(map(str, plan['looks']))} paired seeds, with {kind} at level "
-             f"{level:.4f} (1 − α/(m·K), α {plan['alpha']}, m {plan['comparisons']} comparisons, K "
-             f"{len(plan['looks'])} looks): "
+             f"when it had {', '.join(map(str, plan['looks']))} paired seeds, with {kind} "
+             + boundary_words(plan) + ": "
              + (f"if the per-seed differences are independent draws from a continuous distribution, every interval "
                 f"below covers its median difference at once with probability ≥ {1 - plan['alpha']:.2f} however the "
                 "looks turned out (pipeline/deciding/rule.py). worse/better: the " if median else
@@ -79,6 +78,35 @@ def decision_blocks(rec: Mapping) -> list[Block]:
             Paragraph(cost + status), Paragraph(caveat)]
 
 
+SPENDING_NAMES = {"obf": "O'Brien–Fleming-type", "pocock": "Pocock-type", "rho": "ρ-family"}
+
+
+def boundary_words(plan: Mapping) -> str:
+    """How the plan's looks share the error, for the section's first paragraph."""
+    looks = plan["looks"]
+    if plan.get("boundary", "bonferroni") == "bonferroni":
+        return (f"at level {plan['level']:.4f} (1 − α/(m·K), α {plan['alpha']}, m {plan['comparisons']} comparisons, "
+                f"K {len(looks)} looks)")
+    name = SPENDING_NAMES[plan["boundary"]] + (f" (ρ {plan['rho']})" if plan["boundary"] == "rho" else "")
+    levels = ", ".join(f"{n}: {'none' if c is None else f'{lv:.4f}'}"
+                       for n, c, lv in zip(looks, plan["criticals"], plan["levels"]))
+    return (f"at each look's level of a group-sequential boundary: α/m = {plan['alpha'] / plan['comparisons']:.4g} "
+            f"(α {plan['alpha']}, m {plan['comparisons']}) spent over the looks by the {name} Lan–DeMets function, "
+            f"the critical values exact for the t statistics (repeated confidence intervals; "
+            f"pipeline/deciding/boundary.py), levels by look {levels} ('none': no verdict can come there)")
+
+
+def look_level(plan: Mapping, n: int) -> float:
+    """The interval's level at the look with n seeds (Bonferroni: the same at every look)."""
+    levels = plan.get("levels")
+    return levels[plan["looks"].index(n)] if levels and n in plan["looks"] else plan["level"]
+
+
+def last_level(plan: Mapping) -> float:
+    """The level of the budget's look: the check on the t-model (pipeline/reporting/assumption.py) uses it."""
+    return look_level(plan, plan["looks"][-1])
+
+
 WORDS = {"worse": "worse than {b}", "better": "better than {b}", "equivalent": "equivalent to {b} (inside ±{m})",
          "undecided": "undecided at the budget", "continue": "not decided yet"}
 
@@ -87,7 +115,7 @@ def interval_text(v: Mapping, plan: Mapping) -> str:
     """A comparison's last look as the report's verdict and the docs' studies table both give it:
     `99.75% sequential interval [-0.103, 0.153], 20 paired seeds, looks at 3, 5, 8, 12, 20`."""
     last = v["looks"][-1]
-    return (f"{plan['level']:.2%} sequential interval [{fmt(last['lo'], 3)}, {fmt(last['hi'], 3)}], "
+    return (f"{look_level(plan, last['n']):.2%} sequential interval [{fmt(last['lo'], 3)}, {fmt(last['hi'], 3)}], "
             f"{last['n']} paired seeds, looks at {', '.join(str(look['n']) for look in v['looks'])}")
 
 
