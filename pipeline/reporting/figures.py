@@ -72,9 +72,10 @@ def delta_blocks(results: Results, baseline: str, colors, figures_dir: Path, dec
     if decided:
         return [Figure("figures/deltas.png",
                        f"Δ vs {baseline} paired by seed: bar = mean difference, error bar = the interval; for "
-                       f"{decided['metric']} the sequential interval of each comparison's last look "
-                       + ("" if "levels" in decided["plan"] else f"(level {decided['plan']['level']:.4f}) ")
-                       + "and its verdict (Seeds until decided)"
+                       f"{decided['metric']} the sequential interval "
+                       + ("(each look's level: Seeds until decided) " if "levels" in decided["plan"]
+                          else f"at level {decided['plan']['level']:.4f} ")
+                       + "of each comparison's last look and its verdict (Seeds until decided)"
                        + (f"; for {results.main_metric} the fixed-n 95% t-interval and Holm verdict over every seed "
                           "run, not valid after adaptive stopping" if results.main_metric else "") + ".")]
     return [Figure("figures/deltas.png",
