@@ -239,8 +239,11 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
             return {**out, "reason": f"no val_loss for {variant} or no unigram plateau (eval.json) in this study"}
         mean, n, low_high = s.mean, s.n, _interval(s.mean, s.half_width)
         top = low_high[1] if low_high else mean
+        share = 1 - mean / plateau
         ours = (f"{variant}, val_loss {fmt(mean)} ({_ci_text(low_high)}, {n} seed{'s' * (n != 1)}) against the unigram "
-                f"plateau {fmt(plateau)}: {1 - mean / plateau:.0%} below it")
+                f"plateau {fmt(plateau)}: {abs(share):.0%} {'below' if share > 0 else 'above'} it")
+        if decided:
+            ours += " [fixed-n, over the seeds the rounds chose: not covered by seeds until decided's guarantee]"
         out.update(ours=ours, mean=mean, low=low_high[0] if low_high else None, high=top, n=n)
         if not claim.get("comparable", True):
             return out
