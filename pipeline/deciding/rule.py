@@ -61,6 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy import stats as sps
@@ -143,14 +144,14 @@ class Plan:
         """Bonferroni's level of every interval: 1 - alpha / (comparisons * looks)."""
         return 1 - self.alpha / (self.comparisons * len(self.looks))
 
-    @property
+    @cached_property  # every interval reads it: computed once per plan
     def criticals(self) -> tuple[float, ...]:
         """The t-interval's critical value at each look (inf: no verdict can come at that look)."""
         if self.boundary == "bonferroni":
             return tuple(float(sps.t.isf((1 - self.level) / 2, n - 1)) for n in self.looks)
         return criticals(self.looks, self.alpha / self.comparisons, self.boundary, self.rho)
 
-    @property
+    @cached_property  # every interval reads it: computed once per plan
     def levels(self) -> tuple[float, ...]:
         """Each look's interval as a fixed-n interval's coverage (Bonferroni: `level` at every look)."""
         if self.boundary == "bonferroni" or self.method == "median":

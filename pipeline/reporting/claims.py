@@ -57,6 +57,7 @@ STATUSES = (AGREE, CONTRADICT, UNDECIDED, NOT_COMPARABLE, CANNOT)
 # the seed's 50 epochs are one; 10 and its 300, where a causal model memorises at ~100, are not).
 BUDGET_CLASS = 10.0
 TRAIN_VALUES = ("train_loss", "wall_time_s")  # value readings taken from train.json rather than eval.json
+FIXED_N = " [fixed-n, over the seeds the rounds chose: not covered by seeds until decided's guarantee]"
 
 
 def check_claims(claims: Sequence[Mapping], variants: Sequence[str], where: str) -> None:
@@ -126,7 +127,7 @@ def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[
     passes = _passes(runs, claim.get("variant") or baseline, seeds)
     if claim.get("seed_passes") and passes is not None:
         out["ours"] += f" [{fmt(passes)} passes; the seed's number: {fmt(claim['seed_passes'])}]"
-    differs = differences(claim, runs, seeds, baseline)
+    differs = differences(claim, baseline, passes)
     return {**out, "status": NOT_COMPARABLE, "reason": "; ".join(differs)} if differs else out
 
 
@@ -137,10 +138,10 @@ def _passes(runs: Mapping, variant: str, seeds: Sequence[int]) -> float | None:
     return passes[len(passes) // 2] if passes else None
 
 
-def differences(claim: Mapping, runs: Mapping, seeds: Sequence[int], baseline: str) -> list[str]:
+def differences(claim: Mapping, baseline: str, passes: float | None) -> list[str]:
     """How the claim's reading differs from the seed's: the quantity (comparable: false), a setting of
     seed_conditions that an arm of ours lacks (claim["arms"]: resolved settings, pipeline.report), our
-    passes outside BUDGET_CLASS of seed_passes."""
+    `passes` (the variant's, _passes) outside BUDGET_CLASS of seed_passes."""
     out = [] if claim.get("comparable", True) else ["not the seed's quantity (comparable: false)"]
     if claim["read"] in ("filter_kept", "none"):
         return out
@@ -155,7 +156,7 @@ def differences(claim: Mapping, runs: Mapping, seeds: Sequence[int], baseline: s
                 elif arm[section].get(key) != value:
                     out.append(f"{name} has {section}.{key} {arm[section].get(key)}, the seed's runs had {value}")
     if seed := claim.get("seed_passes"):
-        ours = _passes(runs, variant, seeds)
+        ours = passes
         if ours is None:
             out.append(f"our passes over the training data are not recorded (train.json), the seed's: {fmt(seed)}")
         elif max(ours, seed) / min(ours, seed) > BUDGET_CLASS:
@@ -202,17 +203,10 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
             direction = {"worse": "higher", "better": "lower"}.get(_direction(verdict) or "")
         n = d.n
     elif read == "time_ratio":
-        times = {v: {s: math.log(t) for s, t in values_by_seed(runs, v, seeds, "train", "wall_time_s").items() if t > 0}
-                 for v in (variant, versus)}
-        d = paired_delta(times[variant], times[versus], higher_better=False)
-        if d.mean is None:
+        got = _time_ratio(runs, seeds, variant, versus)
+        if got is None:
             return {**out, "reason": f"no paired training wall times (train.json) for {variant} and {versus}"}
-        mean, low_high, n = math.exp(d.mean), _interval(d.mean, d.half_width), d.n
-        low_high = None if low_high is None else (math.exp(low_high[0]), math.exp(low_high[1]))
-        direction = {"worse": "higher", "better": "lower"}.get(_direction(d.verdict) or "")
-        ours = (f"ratio {fmt(mean)} ({_ci_text(low_high)}, {n} paired seed{'s' * (n != 1)}, "
-                f"p {fmt_p(d.p_value)}, paired t-test of log wall time): "
-                + (f"{direction} than {versus}'s" if direction else d.verdict))
+        mean, low_high, n, direction, ours = got
         timed = [(variant, s) for s in seeds] + [(versus, s) for s in seeds]
         if any(contended(runs[k].train) for k in timed if k in runs):
             ours += " ⚠ some of these runs were timed under contention (Training cost)"
@@ -220,49 +214,26 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
                     "reason": "some of these runs were timed under contention: their times are not the seed's quantity"}
     elif read == "value":
         variant = variant or baseline
-        if metric in TRAIN_VALUES:
-            values = values_by_seed(runs, variant, seeds, "train", metric)
-            s = summarize(list(values.values()))
-            where = f"train.json {metric}" + (", last logged" if metric == "train_loss" else "")
-        else:
-            s = results.summaries.get(variant, {}).get(metric)
-            where = f"{metric} {arrow(metric)}"
+        s, where = _value(results, runs, seeds, variant, metric)
         if s is None or s.mean is None:
             return {**out, "reason": f"no {metric} for {variant} in this study's runs"}
         mean, n = s.mean, s.n
         low_high = _interval(s.mean, s.half_width)
         ours = f"{variant}, {where}: {fmt(mean)} ({_ci_text(low_high)}, {n} seed{'s' * (n != 1)})"
     elif read == "plateau":
-        s = results.summaries.get(variant, {}).get("val_loss")
-        plateau = unigram_plateau(runs)
-        if s is None or s.mean is None or plateau is None:
-            return {**out, "reason": f"no val_loss for {variant} or no unigram plateau (eval.json) in this study"}
-        mean, n, low_high = s.mean, s.n, _interval(s.mean, s.half_width)
-        top = low_high[1] if low_high else mean
-        share = 1 - mean / plateau
-        ours = (f"{variant}, val_loss {fmt(mean)} ({_ci_text(low_high)}, {n} seed{'s' * (n != 1)}) against the unigram "
-                f"plateau {fmt(plateau)}: {abs(share):.0%} {'below' if share > 0 else 'above'} it")
-        if decided:
-            ours += " [fixed-n, over the seeds the rounds chose: not covered by seeds until decided's guarantee]"
-        out.update(ours=ours, mean=mean, low=low_high[0] if low_high else None, high=top, n=n)
-        if not claim.get("comparable", True):
-            return out
-        left = top < plateau  # the whole interval below: it learnt more than the characters' frequencies
-        status = AGREE if left == (claim["expect"] == "leaves") else CONTRADICT
-        return {**out, "status": status, "reason": ("our whole interval lies below the plateau: it converged, "
-                                                     "whatever its Δ" if left else "our interval reaches the plateau")}
-    else:  # filter_kept
+        return _read_plateau(claim, results, runs, variant, decided, out)
+    else:  # filter_kept: a count, not an estimate over seeds
         split = claim.get("split") or "train"
         counts = ((filter_metrics or {}).get("splits") or {}).get(split)
         raw, dropped = number(counts, "raw"), number(counts, "dropped_length")
         if not raw or dropped is None:
             return {**out, "reason": f"no {split} split counts in filter.json"}
         mean, n = (raw - dropped) / raw, 1
-        low_high = (mean, mean)  # a count, not an estimate over seeds
+        low_high = (mean, mean)
         ours = f"{mean:.1%} of {split} kept by length ({round(raw - dropped):,} of {round(raw):,}; filter.json)"
     low, high = low_high if low_high is not None else (None, None)
     if decided and read != "filter_kept":  # another metric, another arm, a value: not a sequential reading
-        ours += " [fixed-n, over the seeds the rounds chose: not covered by seeds until decided's guarantee]"
+        ours += FIXED_N
     if claim.get("seed_value") is not None and read in ("delta", "ppl_ratio", "time_ratio"):
         ours += _inside(claim["seed_value"], low_high)
     out.update(ours=ours, mean=mean, low=low, high=high, n=n)
@@ -270,6 +241,51 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
         return out  # not the seed's quantity: read_claim says so, no check
     status, reason = _check(claim, read, direction, mean, low_high)
     return {**out, "status": status, "reason": reason}
+
+
+def _value(results: Results, runs: Mapping, seeds: Sequence[int], variant: str, metric: str) -> tuple:
+    """A variant's summary of `metric` over seeds (train.json's for TRAIN_VALUES) and where it is read from."""
+    if metric in TRAIN_VALUES:
+        s = summarize(list(values_by_seed(runs, variant, seeds, "train", metric).values()))
+        return s, f"train.json {metric}" + (", last logged" if metric == "train_loss" else "")
+    return results.summaries.get(variant, {}).get(metric), f"{metric} {arrow(metric)}"
+
+
+def _time_ratio(runs: Mapping, seeds: Sequence[int], variant: str, versus: str) -> tuple | None:
+    """The training wall-time ratio paired by seed on the log scale: (mean, interval, n, direction, text)."""
+    times = {v: {s: math.log(t) for s, t in values_by_seed(runs, v, seeds, "train", "wall_time_s").items() if t > 0}
+             for v in (variant, versus)}
+    d = paired_delta(times[variant], times[versus], higher_better=False)
+    if d.mean is None:
+        return None
+    mean, low_high = math.exp(d.mean), _interval(d.mean, d.half_width)
+    low_high = None if low_high is None else (math.exp(low_high[0]), math.exp(low_high[1]))
+    direction = {"worse": "higher", "better": "lower"}.get(_direction(d.verdict) or "")
+    ours = (f"ratio {fmt(mean)} ({_ci_text(low_high)}, {d.n} paired seed{'s' * (d.n != 1)}, "
+            f"p {fmt_p(d.p_value)}, paired t-test of log wall time): "
+            + (f"{direction} than {versus}'s" if direction else d.verdict))
+    return mean, low_high, d.n, direction, ours
+
+
+def _read_plateau(claim: Mapping, results: Results, runs: Mapping, variant: str, decided: Mapping | None,
+                  out: dict) -> dict:
+    """read plateau: does the variant's whole val_loss interval end below the unigram plateau?"""
+    s = results.summaries.get(variant, {}).get("val_loss")
+    plateau = unigram_plateau(runs)
+    if s is None or s.mean is None or plateau is None:
+        return {**out, "reason": f"no val_loss for {variant} or no unigram plateau (eval.json) in this study"}
+    low_high = _interval(s.mean, s.half_width)
+    top, share = (low_high[1] if low_high else s.mean), 1 - s.mean / plateau
+    ours = (f"{variant}, val_loss {fmt(s.mean)} ({_ci_text(low_high)}, {s.n} seed{'s' * (s.n != 1)}) against the "
+            f"unigram plateau {fmt(plateau)}: {abs(share):.0%} {'below' if share > 0 else 'above'} it"
+            + (FIXED_N if decided else ""))
+    out = {**out, "ours": ours, "mean": s.mean, "low": low_high[0] if low_high else None, "high": top, "n": s.n}
+    if not claim.get("comparable", True):
+        return out
+    left = top < plateau  # the whole interval below: it learnt more than the characters' frequencies
+    status = AGREE if left == (claim["expect"] == "leaves") else CONTRADICT
+    return {**out, "status": status, "reason": ("our whole interval lies below the plateau: it converged, "
+                                                 "whatever its Δ" if left else "our interval reaches the plateau")}
 
 
 def _read_sequential(claim: Mapping, read: str, seq: Mapping, decided: Mapping, out: dict) -> dict:
