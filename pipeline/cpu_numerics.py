@@ -106,6 +106,11 @@ def engage() -> bool:
     return True
 
 
+def engaged() -> bool:
+    """Whether `engage` routed this process's products (without engaging them)."""
+    return _state.get("engaged", False)
+
+
 def _register(torch):
     """torch's CPU kernels of ROUTED replaced by numpy's matmul (OpenBLAS, pinned above). Below
     autograd, so the backward's products take it too. Returns the registration (kept alive)."""

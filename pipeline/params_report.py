@@ -52,10 +52,13 @@ CLAIM_READS = {"delta": ({"variant", "metric", "expect"}, {"versus", "seed_value
                "time_ratio": ({"variant", "expect"}, {"versus", "seed_value"}),
                "value": ({"metric", "seed_value", "tolerance"}, {"variant"}),
                "plateau": ({"variant", "expect"}, set()),
+               "early_loss": ({"variant", "expect"}, {"versus"}),
+               "param_count": ({"config", "components", "seed_value", "tolerance"}, set()),
                "filter_kept": ({"seed_value", "tolerance"}, {"split"}),
                "none": (set(), set())}
 CLAIM_EXPECT = {"delta": ("worse", "better", "same"), "ppl_ratio": ("lower", "higher"),
-                "time_ratio": ("lower", "higher"), "plateau": ("stays", "leaves")}
+                "time_ratio": ("lower", "higher"), "plateau": ("stays", "leaves"), "early_loss": ("lower", "higher")}
+COMPONENTS = ("attention", "ffn", "norms", "other", "embeddings")  # model.param_counts()' parts
 
 
 class SeedClaim(Section):
@@ -64,7 +67,8 @@ class SeedClaim(Section):
     claim: str  # the claim in the seed's words, short
     seed_says: str  # the seed's number or words, quoted exactly
     quantity: str  # what quantity that is, in words
-    read: Literal["delta", "ppl_ratio", "time_ratio", "value", "plateau", "filter_kept", "none"]
+    read: Literal["delta", "ppl_ratio", "time_ratio", "value", "plateau", "early_loss", "param_count",
+                  "filter_kept", "none"]
     variant: str | None = None  # a key of ablations (value: the baseline when unset)
     versus: str | None = None  # delta, ratios: the variant it is compared with (the baseline when unset)
     metric: str | None = None  # a reported metric (value: or train_loss, train.json's last logged)
@@ -72,6 +76,10 @@ class SeedClaim(Section):
     # the seed's direction; plateau: whether the arm's loss stays at the unigram plateau (it does not
     # converge) or leaves it
     expect: Literal["worse", "better", "same", "lower", "higher", "stays", "leaves"] | None = None
+    # param_count: a model the seed counted by hand, as settings over the baseline's model section
+    # (its vocabulary as vocab_size), and which of our model's parameter counts its sum covers
+    config: dict[str, Any] | None = None
+    components: list[Literal[COMPONENTS]] | None = None
     seed_value: float | None = None  # the seed's number on our quantity's scale
     # value, filter_kept: how near counts as the same (not needed with comparable false); delta same: the margin
     tolerance: float | None = Field(None, ge=0)
@@ -94,7 +102,8 @@ class SeedClaim(Section):
         if missing := sorted(needs - given):
             raise ValueError(f"read {self.read} needs {missing[0]}"
                              + (f" ({expects})" if missing[0] == "expect" else ""))
-        if extra := sorted(given & {"variant", "versus", "metric", "split", "expect", "seed_value", "tolerance"}
+        if extra := sorted(given & {"variant", "versus", "metric", "split", "expect", "seed_value", "tolerance",
+                                    "config", "components"}
                            - needs - takes):
             raise ValueError(f"read {self.read} does not take {extra[0]}")
         if self.expect is not None and self.expect not in CLAIM_EXPECT[self.read]:

@@ -79,15 +79,21 @@ def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: 
     measured, so the host's work per sublayer is the CPU fit's.
     """
     if device == "cpu":
+        from pipeline import cpu_numerics
         from pipeline.training.device import _cpu_model, cpu_peak_flops
 
         cal = calibrate(reports)
         if cpu_peak == "studies":
+            pinned = False  # as the fitted studies ran: torch's own products
             peak, source = reference_peak(reports), "the peak the committed studies' runs divided by (their machine)"
         else:
+            # The peak of the products the runs will train on: the pinned kernel's where they are
+            # pinned (about a third of torch's on an AVX-512 CPU), which the time model scales by.
+            pinned = cpu_numerics.engage()
             peak, source = cpu_peak_flops()
+            source += ", pinned products (pipeline/cpu_numerics.py)" if pinned else ""
         return {"device": f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)", "peak_flops": peak,
-                "peak_source": source, "memory_bytes": ram_bytes(), "memory_source": "this machine's RAM",
+                "pinned": pinned, "peak_source": source, "memory_bytes": ram_bytes(), "memory_source": "this machine's RAM",
                 "time": cal if mfu is None else replace(cal, mfu=mfu),
                 "time_source": (f"MFU {mfu} given (--mfu), " if mfu is not None else "") + f"fitted to {cal.source}"}
     name, memory_bytes = GPUS[device]
@@ -141,7 +147,8 @@ def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: in
         return {"error": str(exc)}
     loops = {(r.variant, r.scale): r.seconds_per_run for r in rows}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    slowdown = loop_slowdown(jobs, params.train.threads, cores) if facts["device"].startswith("cpu") else 1.0
+    slowdown = (loop_slowdown(jobs, params.train.threads, cores, facts.get("pinned", False))
+                if facts["device"].startswith("cpu") else 1.0)
     serial = study_stages(params, loops, costs)
     stages = study_stages(params, loops, costs, slowdown)
     note = "" if facts["device"].startswith("cpu") else (

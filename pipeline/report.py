@@ -224,7 +224,8 @@ def _read_params(path: Path) -> Params:
 
 def claims(params: Params) -> list[dict]:
     """report.seed_claims as mappings (what pipeline.reporting.claims reads), each with "arms": the
-    resolved settings of the variants it compares, which its seed_conditions are checked against."""
+    resolved settings of the variants it compares, which its seed_conditions are checked against;
+    a param_count claim also "counted": our model's counts at the seed's settings."""
     out = []
     for i, claim in enumerate(params.report.seed_claims):
         c = claim.model_dump()
@@ -235,8 +236,26 @@ def claims(params: Params) -> list[dict]:
                 if unknown := sorted(set(settings) - set(arm[section])):
                     raise ReportInputError(f"report.seed_claims.{i}.seed_conditions.{section}.{unknown[0]}: "
                                            f"not a {section} setting")
+        if c["read"] == "param_count":
+            c["counted"] = counted(params, c["config"], f"report.seed_claims.{i}.config")
         out.append(c)
     return out
+
+
+def counted(params: Params, config: Mapping, where: str) -> dict[str, int]:
+    """Our model's parameter counts at a seed's hand-counted settings (over the baseline's model
+    section; vocab_size the tokenizer's), built on the meta device: no weights, no time."""
+    from pipeline.planning.estimate import meta_model, tokenizer_ids
+
+    model = dict(resolve_variant(params, params.report.baseline)["model"])
+    if unknown := sorted(set(config) - set(model) - {"vocab_size"}):
+        raise ReportInputError(f"{where}.{unknown[0]}: not a model setting")
+    model.update({k: v for k, v in config.items() if k != "vocab_size"})
+    ids = {**tokenizer_ids(params, None), **({"vocab_size": config["vocab_size"]} if "vocab_size" in config else {})}
+    try:
+        return meta_model({"model": model}, ids, where)[1].param_counts()
+    except (ValueError, TypeError) as e:
+        raise ReportInputError(f"{where}: {e}") from None
 
 
 def main_rates(params: Params) -> dict[str, float]:

@@ -358,3 +358,67 @@ def test_default_params_give_no_section(tmp_path):
 def test_every_seed_preset_lists_its_seeds_claims(name):
     claims = load_params(ROOT / "presets" / f"{name}.yaml").report.seed_claims
     assert claims and all(c.why.strip() for c in claims)
+
+
+def curve_runs(early_shift: float) -> dict:
+    """Runs whose validation curves agree at the end; "fast"'s first half lies `early_shift` off the baseline's."""
+    import pandas as pd
+
+    runs = {}
+    for v in ("baseline", "fast"):
+        for s in SEEDS:
+            tokens = [0, 100, 200, 300, 400]
+            loss = [5.0, 4.0 - 0.1 * s, 3.0, 2.5, 2.0 + 0.01 * s]
+            if v == "fast":  # lower up to half the tokens, higher after: only the first half counts
+                loss = [x + (early_shift + 0.02 * s if t <= 200 else 0.3) for t, x in zip(tokens, loss)]
+            runs[(v, s)] = Run(v, s, train={"wall_time_s": 50.0 + s, "steps": 200},
+                               eval={"val_loss": loss[-1], "val_ppl": math.exp(loss[-1])},
+                               val_curve=pd.DataFrame({"tokens": tokens, "val_loss": loss}))
+    return runs
+
+
+def test_how_fast_the_loss_falls_is_the_early_validation_curve_paired_by_seed():
+    for shift, expect, status in ((-0.5, "lower", AGREE), (-0.5, "higher", CONTRADICT), (0.5, "lower", CONTRADICT)):
+        runs = curve_runs(shift)
+        results = compute_results(runs, ["baseline", "fast"], SEEDS, "baseline")
+        r = read_claim(claim(read="early_loss", variant="fast", expect=expect), results, runs, SEEDS, "baseline", None)
+        assert r["status"] == status
+        assert r["mean"] == pytest.approx(shift + 0.02 * sum(SEEDS) / len(SEEDS))  # the later half ignored
+        assert "first 50% of training" in r["ours"]
+    runs = curve_runs(-0.5)
+    results = compute_results(runs, ["baseline", "fast"], SEEDS, "baseline")
+    no_curve = {k: Run(r.variant, r.seed, train=r.train, eval=r.eval) for k, r in runs.items()}
+    r = read_claim(claim(read="early_loss", variant="fast", expect="lower"), results, no_curve, SEEDS, "baseline", None)
+    assert r["status"] == CANNOT and "val_curve.csv" in r["reason"]
+
+
+def test_steps_and_seconds_per_step_are_read_from_train_json():
+    runs = curve_runs(-0.5)
+    results = compute_results(runs, ["baseline", "fast"], SEEDS, "baseline")
+    per_step = read_claim(claim(read="value", metric="step_time_s", seed_value=0.329, tolerance=0.01),
+                          results, runs, SEEDS, "baseline", None)
+    assert per_step["mean"] == pytest.approx((50 + 51 + 52) / 3 / 200) and per_step["status"] == CONTRADICT
+    steps = read_claim(claim(read="value", metric="steps", seed_value=200, tolerance=0), results, runs, SEEDS,
+                       "baseline", None)
+    assert steps["status"] == AGREE and "train.json steps" in steps["ours"]
+
+
+def test_a_seeds_hand_count_is_checked_by_our_models_own_count(tmp_path):
+    """Seed 002 counts a block as 3 d² + 3 d d_ff: W_Q, W_K, W_V and SwiGLU's three, no W_O."""
+    from pipeline.report import claims
+
+    d, layers, hidden = 32, 2, 64
+    seed_sum = layers * (3 * d * d + 3 * hidden * d)
+    hand = claim(read="param_count", components=["attention", "ffn"], seed_value=seed_sum, tolerance=0,
+                 config={"arch": "decoder_only", "n_encoder_layers": 0, "n_decoder_layers": layers, "d_model": d,
+                         "n_heads": 4, "d_ff": hidden * 3 // 2, "ffn": "swiglu", "bias": False, "vocab_size": 500})
+    [c] = claims(load_params(write_params(tmp_path, [hand])))
+    assert c["counted"]["attention"] == layers * 4 * d * d and c["counted"]["ffn"] == layers * 3 * hidden * d
+    assert c["counted"]["embeddings"] >= 500 * d
+    r = read_claim(c, None, {}, SEEDS, "baseline", None)
+    assert r["status"] == CONTRADICT and r["reason"].endswith(f"ours − the seed's: +{layers * d * d:,}")
+    ok = read_claim({**c, "seed_value": seed_sum + layers * d * d}, None, {}, SEEDS, "baseline", None)
+    assert ok["status"] == AGREE
+    bad = claim(read="param_count", components=["ffn"], seed_value=1, tolerance=0, config={"d_modle": 8})
+    with pytest.raises(ReportInputError, match=r"^report\.seed_claims\.0\.config\.d_modle: not a model setting$"):
+        claims(load_params(write_params(tmp_path, [bad])))

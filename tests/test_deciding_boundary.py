@@ -10,7 +10,7 @@ from scipy import stats as sps
 
 from pipeline.deciding import boundary
 from pipeline.deciding.rounds import plan_fingerprint
-from pipeline.deciding.rule import Plan, decide_all
+from pipeline.deciding.rule import Plan, decide, decide_all
 from tests.test_deciding import ALPHA, LOOKS, STUDIES, limit, simulate
 
 SE = math.sqrt(ALPHA * (1 - ALPHA) / STUDIES)
@@ -106,3 +106,13 @@ def test_a_spending_plan_records_its_boundary_and_bonferroni_fingerprints_stay()
     assert plan_fingerprint(**keys) == plan_fingerprint(**keys, boundary="bonferroni")
     assert plan_fingerprint(**keys, boundary="obf") != plan_fingerprint(**keys)
     assert plan_fingerprint(**keys, boundary="rho", rho=2.0) != plan_fingerprint(**keys, boundary="rho", rho=3.0)
+
+
+def test_the_default_studys_obf_plan_gives_no_verdict_before_eight_seeds():
+    """docs/seeds-until-decided.md: four comparisons at α 0.05 spend, by 5 of 20 seeds, less than
+    the Monte Carlo resolves, so that look's interval is unbounded (and the report draws it so)."""
+    plan = Plan((3, 5, 8, 12, 20), 0.05, 0.02, 4, "t", "obf")
+    crit = plan.criticals
+    assert crit[0] > 1e4 and math.isinf(crit[1]) and all(c < 10 for c in crit[2:])
+    d = decide([5.0, 5.1, 4.9, 5.05, 4.95], plan, 1)  # a huge, steady effect: still no verdict at 5
+    assert math.isinf(d.hi - d.lo) and d.verdict == "continue"

@@ -49,6 +49,22 @@ def test_the_cpu_peak_is_measured_once_per_machine_and_then_read_from_the_cache(
     assert "threads" in key and "torch" in key
 
 
+def test_pinned_and_torchs_products_keep_their_own_peak(tmp_path, monkeypatch):
+    """The cost plan measured torch's products (unpinned) under the key the pinned train stage then
+    read, so every MFU after it divided by the wrong kernel's peak."""
+    from pipeline import cpu_numerics
+
+    monkeypatch.setattr(device, "_machine_busy", lambda: False)
+    peaks = iter([3e10, 9e10])
+    monkeypatch.setattr(device, "measured_matmul_flops", lambda: next(peaks))
+    monkeypatch.setattr(cpu_numerics, "engaged", lambda: True)
+    assert cpu_peak_flops(tmp_path)[0] == 3e10
+    monkeypatch.setattr(cpu_numerics, "engaged", lambda: False)
+    assert cpu_peak_flops(tmp_path)[0] == 9e10
+    keys = json.loads((tmp_path / "cpu_peak_flops.json").read_text())
+    assert sorted(k.rsplit("|", 1)[1] for k in keys) == ["pinned products", "torch's products"]
+
+
 def test_a_corrupt_cache_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setattr(device, "_machine_busy", lambda: False)
     (tmp_path / "cpu_peak_flops.json").write_text("{not json")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.grid.dag import Pipeline, Task, plan_tasks, shared_stages
+from pipeline.grid.dag import Pipeline, Task, plan_tasks, shared_stages, stale_stages
 from pipeline.grid.launch import Launcher
 from tests.tiny_project import TINY, ROOT, copy_project, make_project, project_env, ran_stages, sh, tiny_params
 
@@ -94,6 +94,25 @@ def test_tasks_chain_a_runs_evaluation_and_wait_for_what_they_read():
     # Only some stages out of date: a stage not needed is not waited for.
     tasks = plan_tasks(pipeline, {"evaluate@n-0", "report"})
     assert [(t.stages, t.needs) for t in tasks] == [(["evaluate@n-0", "report"], set())]
+
+
+
+def test_a_stale_shared_stage_spares_the_whole_pipelines_status():
+    """Seeds until decided's later rounds: the new seeds make check_params stale, and everything is below it."""
+    up = {"check_params": set(), "encode": {"check_params"}, "train@b-0": {"encode"}, "evaluate@b-0": {"train@b-0"},
+          "docs": set()}  # a stage outside the shared stages' reach
+    pipeline = Pipeline(list(up), up)
+    shared = shared_stages(pipeline, set(up))
+    asked = []
+
+    def status(stale):
+        return lambda names: asked.append(set(names)) or set(names) & stale
+
+    assert stale_stages(pipeline, set(up), shared, status({"check_params", "docs"})) == {"check_params", "docs"}
+    assert asked == [{"check_params", "encode"}, {"docs"}]  # never the stages below check_params
+    asked.clear()  # nothing shared is stale: the whole pipeline is asked, once more
+    assert stale_stages(pipeline, set(up), shared, status({"evaluate@b-0"})) == {"evaluate@b-0"}
+    assert asked == [{"check_params", "encode"}, set(up)]
 
 
 @pytest.mark.repro

@@ -1,6 +1,7 @@
 """The report stage renders from fake run files: numbers, missing values, HTML, atomicity, errors."""
 import base64
 import json
+import math
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -453,3 +454,18 @@ def test_data_digest_names_the_input_files_not_their_order_or_paths():
     assert data_digest(a) == data_digest(b) != data_digest({"files": [{"sha256": "11"}]})
     synthetic = {"source": "synthetic", "n_examples": 100, "seed": 0}
     assert data_digest(synthetic) != data_digest({**synthetic, "seed": 1}) and data_digest(None) is None
+
+
+def test_a_spending_boundarys_unbounded_look_renders(tmp_path):
+    """O'Brien-Fleming-type spending at α 0.01 spends next to nothing at 5 of 20 seeds, below
+    what its Monte Carlo resolves: no verdict there, the interval unbounded. The report, its Δ figure
+    included, still renders (the committed obf study once failed there)."""
+    p = make_project(tmp_path, seeds=tuple(range(5)), missing_runs=())
+    decide = {"seeds": p.seeds, "looks": [3, 5, 8, 12, 20], "alpha": 0.01, "margin": None, "boundary": "obf",
+              "runs": {}}
+    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {"budget_tokens": 200_000},
+                  tmp_path / "reports", decide=decide)
+    record = json.loads((tmp_path / "reports" / "decisions.json").read_text())
+    second = [v["looks"][1] for v in record["variants"].values()]
+    assert second and all(look["n"] == 5 and math.isinf(look["hi"] - look["lo"]) for look in second)
+    assert (tmp_path / "reports" / "figures" / "deltas.png").stat().st_size > 0

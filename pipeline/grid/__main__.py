@@ -9,8 +9,9 @@
 
 1. The shared stages (check_params ... encode, upstream of every matrix stage) run as one plain
    `dvc repro`, when `dvc status` says one of them is out of date.
-2. DVC's stage graph and one `dvc status` give the stages to run: those out of date and everything
-   downstream of them. Each run's stages go to one `dvc --wait-for-lock repro --single-item
+2. DVC's stage graph and `dvc status` give the stages to run: those out of date and everything
+   downstream of them (the shared stages asked first: when one is stale, only the stages outside
+   its reach are asked about, dag.stale_stages). Each run's stages go to one `dvc --wait-for-lock repro --single-item
    train@x evaluate@x` process; up to -j of them run at once, each started as soon as the stages
    it reads are done, the report last. Each process's output goes to .dvc/tmp/grid/<stage>.log;
    one line per start and finish here. Stages share the cores: each gets
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from pipeline.atomic import atomic_path
 from pipeline.grid import lock, signals
-from pipeline.grid.dag import Task, out_of_date, plan_tasks, read_pipeline, shared_stages
+from pipeline.grid.dag import Task, plan_tasks, read_pipeline, shared_stages, stale_stages
 from pipeline.grid.launch import DVC, Launcher
 from pipeline.grid.lifeline import Lifeline
 from pipeline.grid.warm import warm_starts
@@ -215,8 +216,8 @@ def run_direct(launcher: Launcher, command: list[str]) -> int:
 
 def run_grid(launcher: Launcher, targets: list[str]) -> bool:
     pipeline, selected = read_pipeline(targets)
-    stale = out_of_date(selected)
     shared = shared_stages(pipeline, selected)
+    stale = stale_stages(pipeline, selected, shared)
     if stale & shared:
         order = [n for n in pipeline.order if n in shared]
         print(f"grid: the shared stages first, in one `dvc repro`: {' '.join(order)}", flush=True)

@@ -17,6 +17,7 @@ own parameter counts so that an edited params.yaml is never paired with an older
 """
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from dataclasses import dataclass
@@ -123,10 +124,23 @@ def measured_runs(report: Path) -> list[dict]:
     return out
 
 
+def pinned_report(report: Path) -> bool:
+    """Whether the report's runs trained on the pinned products (fingerprint.json beside it says
+    "products: openblas ..."; pipeline/cpu_numerics.py): their MFU divided by that kernel's peak."""
+    try:
+        numerics = json.loads((report.parent / "fingerprint.json").read_text()).get("cpu_numerics") or {}
+    except (OSError, ValueError):
+        return False
+    return any("products: openblas" in str(v) for v in numerics.values())
+
+
 def reference_peak(reports: list[Path]) -> float:
     """The CPU peak the committed runs divided by: FLOPs/token x tokens/s / MFU of the rows whose
-    table states FLOPs per token (the median: one number per machine, cached by the train stage)."""
-    peaks = [r["flops_per_token"] * r["tokens_per_s"] / r["mfu"] for report in reports
+    table states FLOPs per token (the median: one number per machine, cached by the train stage).
+    Runs on torch's own products where there are some: a pinned run's peak is the pinned kernel's
+    (day_speed reads it as a slower machine, which for the time model it is)."""
+    native = [r for r in reports if not pinned_report(r)]
+    peaks = [r["flops_per_token"] * r["tokens_per_s"] / r["mfu"] for report in (native or reports)
              for r in measured_runs(report) if r["flops_per_token"]]
     if not peaks:
         raise PlanError(f"no committed report states FLOPs per target token ({', '.join(map(str, reports))})")
@@ -196,10 +210,11 @@ def mean_batch(cell: str | None) -> tuple[float, float, float] | None:
 # not a machine speed: its runs counted FLOPs another way (the formula changed since), so its walls
 # are taken as they are. The days measured here moved by -15% and +12% (1.61e11 and 2.12e11 FLOP/s
 # against 1.89e11); multi30k_comparisons_cpu's 3.92e11, counted another way, reads 1.85x against
-# 2.12e11, so a band as wide as 2x let it pass as a fast day. Slower reaches further: the default
-# study's report of 2026-11-28 ran on another CPU model (an Intel Xeon, the studies an AMD EPYC)
-# with the products routed to one OpenBLAS thread (pipeline/cpu_numerics.py), at 8.25e10: 0.39x.
+# 2.12e11, so a band as wide as 2x let it pass as a fast day. A pinned report's peak is the pinned
+# kernel's (pipeline/cpu_numerics.py: one OpenBLAS thread at AVX2), 0.35-0.39x on the Intel Xeon
+# here, before the day's own move: its band reaches half as low again.
 PLAUSIBLE_SPEED = (1 / 3, 1.5)
+PINNED_LOWEST = 1 / 6
 
 
 def day_speed(report: Path, reference: float) -> float:
@@ -211,7 +226,8 @@ def day_speed(report: Path, reference: float) -> float:
         ratio = reference_peak([report]) / reference
     except PlanError:
         return 1.0
-    return ratio if PLAUSIBLE_SPEED[0] <= ratio <= PLAUSIBLE_SPEED[1] else 1.0
+    lowest = PINNED_LOWEST if pinned_report(report) else PLAUSIBLE_SPEED[0]
+    return ratio if lowest <= ratio <= PLAUSIBLE_SPEED[1] else 1.0
 
 
 def study_points(report: Path, reference: float | None = None) -> list[Point]:

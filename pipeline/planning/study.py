@@ -27,7 +27,8 @@ seconds, scheduled on `jobs` slots as the grid launcher runs them.
   before another train, as the launcher starts them as soon as their run is done. jobs = 1 is the
   sum, what a serial `dvc repro` takes.
 - On a CPU the slots share the cores: a training loop of `threads` threads runs
-  max(1, jobs x threads / cores) times as long (the fixed costs, mostly one thread, do not).
+  max(1, jobs x threads / cores) times as long (the fixed costs, mostly one thread, do not); a
+  pinned one (its products on one thread) max(1, jobs / cores).
 - Seeds until decided (decide.runs): the rounds run one after another, each a grid run that ends
   with the report, so the wall is the sum of the rounds' schedules. Round 1 is the
   study at its first look; a run decide.runs added belongs to the round of its look (its seed's
@@ -155,10 +156,12 @@ def fit_costs(folders: list[Path], warm: bool = False) -> StageCosts:
     return StageCosts(per_stage, train_fixed, sorted(used), warm, fallback)
 
 
-def loop_slowdown(jobs: int, threads: int, cores: int) -> float:
+def loop_slowdown(jobs: int, threads: int, cores: int, pinned: bool = False) -> float:
     """How much longer a CPU training loop of `threads` threads (0: auto, every free core) takes
-    when `jobs` stages share `cores` cores (module docstring)."""
-    return max(1.0, jobs * (threads or cores) / cores)
+    when `jobs` stages share `cores` cores (module docstring). A pinned loop's products run on one
+    thread whatever `threads` says (pipeline/cpu_numerics.py; benchmarks/cpu_numerics measured its
+    step no faster at 2 threads than at 1), so it holds one core."""
+    return max(1.0, jobs * (1 if pinned else threads or cores) / cores)
 
 
 def study_stages(params: Params, loop_s: dict[tuple[str, str | None], float], costs: StageCosts,

@@ -18,6 +18,12 @@ report's own data (`read`); never a number of ours typed into the preset. The re
 - plateau: whether the variant's mean val_loss, its whole interval, ends below the unigram
   plateau (eval.json's unigram_val_loss: a model that learnt only the tokens' frequencies); expect
   stays ("does not converge": contradicted when it ends below) or leaves.
+- early_loss: how fast the loss falls: Δ of the mean validation loss over each run's first half of
+  training (the evaluations up to half its tokens; val_curve.csv) of `variant` vs `versus` (the
+  baseline when unset), paired by seed; expect lower (it falls faster) / higher.
+- param_count: a model the seed counted by hand (`config`: settings over the baseline's model),
+  built on the meta device, the sum of our parameter counts of `components` beside `seed_value` ±
+  `tolerance`: the seed's arithmetic checked by our model's own count.
 - filter_kept: the share of `split` (train) the length filter kept (filter.json), beside
   `seed_value` ± `tolerance`.
 - none: nothing here measures it.
@@ -56,7 +62,9 @@ STATUSES = (AGREE, CONTRADICT, UNDECIDED, NOT_COMPARABLE, CANNOT)
 # Passes within this factor of the seed's: the same budget class, an order of magnitude (10 passes and
 # the seed's 50 epochs are one; 10 and its 300, where a causal model memorises at ~100, are not).
 BUDGET_CLASS = 10.0
-TRAIN_VALUES = ("train_loss", "wall_time_s")  # value readings taken from train.json rather than eval.json
+# value readings taken from train.json rather than eval.json; step_time_s: wall_time_s / steps
+TRAIN_VALUES = ("train_loss", "wall_time_s", "steps", "step_time_s")
+EARLY = 0.5  # early_loss: the share of a run's training tokens whose evaluations it averages
 FIXED_N = " [fixed-n, over the seeds the rounds chose: not covered by seeds until decided's guarantee]"
 
 
@@ -143,7 +151,7 @@ def differences(claim: Mapping, baseline: str, passes: float | None) -> list[str
     seed_conditions that an arm of ours lacks (claim["arms"]: resolved settings, pipeline.report), our
     `passes` (the variant's, _passes) outside BUDGET_CLASS of seed_passes."""
     out = [] if claim.get("comparable", True) else ["not the seed's quantity (comparable: false)"]
-    if claim["read"] in ("filter_kept", "none"):
+    if claim["read"] in ("filter_kept", "param_count", "none"):
         return out
     variant = claim.get("variant") or baseline
     names = [variant] + ([claim.get("versus") or baseline] if claim["read"] not in ("value", "plateau") else [])
@@ -212,6 +220,13 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
             ours += " ⚠ some of these runs were timed under contention (Training cost)"
             return {**out, "ours": ours, "mean": mean, "n": n,
                     "reason": "some of these runs were timed under contention: their times are not the seed's quantity"}
+    elif read == "early_loss":
+        got = _early_loss(runs, seeds, variant, versus)
+        if got is None:
+            return {**out, "reason": f"no paired validation curves (val_curve.csv) for {variant} and {versus}"}
+        mean, low_high, n, direction, ours = got
+    elif read == "param_count":
+        return _read_param_count(claim, out)
     elif read == "value":
         variant = variant or baseline
         s, where = _value(results, runs, seeds, variant, metric)
@@ -245,6 +260,10 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
 
 def _value(results: Results, runs: Mapping, seeds: Sequence[int], variant: str, metric: str) -> tuple:
     """A variant's summary of `metric` over seeds (train.json's for TRAIN_VALUES) and where it is read from."""
+    if metric == "step_time_s":
+        walls, steps = (values_by_seed(runs, variant, seeds, "train", k) for k in ("wall_time_s", "steps"))
+        s = summarize([walls[seed] / steps[seed] for seed in walls if steps.get(seed)])
+        return s, "train.json wall_time_s / steps, seconds per optimizer step"
     if metric in TRAIN_VALUES:
         s = summarize(list(values_by_seed(runs, variant, seeds, "train", metric).values()))
         return s, f"train.json {metric}" + (", last logged" if metric == "train_loss" else "")
@@ -265,6 +284,44 @@ def _time_ratio(runs: Mapping, seeds: Sequence[int], variant: str, versus: str) 
             f"p {fmt_p(d.p_value)}, paired t-test of log wall time): "
             + (f"{direction} than {versus}'s" if direction else d.verdict))
     return mean, low_high, d.n, direction, ours
+
+
+def early_mean(curve) -> float | None:
+    """The mean val_loss of a run's evaluations within the first EARLY of its training tokens."""
+    if curve is None or curve.empty:
+        return None
+    first = curve[curve["tokens"] <= EARLY * curve["tokens"].max()]["val_loss"].dropna()
+    return float(first.mean()) if len(first) else None
+
+
+def _early_loss(runs: Mapping, seeds: Sequence[int], variant: str, versus: str) -> tuple | None:
+    """Δ of the early mean val_loss (early_mean), paired by seed: (mean, interval, n, direction, text)."""
+    early = {v: {s: m for s in seeds if (v, s) in runs and (m := early_mean(runs[(v, s)].val_curve)) is not None}
+             for v in (variant, versus)}
+    d = paired_delta(early[variant], early[versus], higher_better=False)
+    if d.mean is None:
+        return None
+    low_high = _interval(d.mean, d.half_width)
+    direction = {"worse": "higher", "better": "lower"}.get(_direction(d.verdict) or "")
+    ours = (f"Δ vs {versus} {d.mean:+.3g} ({_ci_text(low_high)}, {d.n} paired seed{'s' * (d.n != 1)}, "
+            f"p {fmt_p(d.p_value)}, paired t-test of the mean val_loss over the first {EARLY:.0%} of training): "
+            + (f"{direction} than {versus}'s" if direction else d.verdict))
+    return d.mean, low_high, d.n, direction, ours
+
+
+def _read_param_count(claim: Mapping, out: dict) -> dict:
+    """read param_count: our model's own counts (claim["counted"], pipeline.report) of the seed's model."""
+    counted, parts = claim.get("counted"), claim["components"]
+    if not counted:
+        return {**out, "reason": "the seed's model was not counted (pipeline.report attaches the counts)"}
+    mean = float(sum(counted[c] for c in parts))
+    ours = (f"{round(mean):,} ({' + '.join(f'{c} {counted[c]:,}' for c in parts)}; our model built at the seed's "
+            "settings on the meta device, model.param_counts)")
+    out = {**out, "ours": ours, "mean": mean, "low": mean, "high": mean, "n": 1}
+    if not claim.get("comparable", True):
+        return out
+    status, reason = _check(claim, "value", None, mean, (mean, mean))
+    return {**out, "status": status, "reason": f"{reason}; ours − the seed's: {mean - claim['seed_value']:+,.0f}"}
 
 
 def _read_plateau(claim: Mapping, results: Results, runs: Mapping, variant: str, decided: Mapping | None,
@@ -350,7 +407,8 @@ def _check(claim: Mapping, read: str, direction: str | None, mean: float,
         if seed is not None and low_high is not None and not low_high[0] <= seed <= low_high[1]:
             return CONTRADICT, (f"no significant difference, and the seed's {fmt(seed)} lies outside our interval: "
                                 "its number is ruled out")
-        return UNDECIDED, "no significant difference: our interval holds " + ("1" if read != "delta" else "0")
+        return UNDECIDED, "no significant difference: our interval holds " + ("0" if read in ("delta", "early_loss")
+                                                                             else "1")
     return (AGREE if direction == expect else CONTRADICT), f"our verdict: {direction}, the seed's: {expect}"
 
 

@@ -8,6 +8,8 @@ a forked child when the report draws side by side.
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -121,17 +123,21 @@ def plot_deltas(
     for ax, (metric, higher_better, deltas) in zip(axes, panels):
         names = list(deltas)
         means = [d.mean if d.mean is not None else 0.0 for d in deltas.values()]
-        errs = [d.half_width if d.half_width is not None else 0.0 for d in deltas.values()]
+        # An unbounded interval (a spending boundary's first look, where no verdict can be given:
+        # critical t infinite) gets no bar of its own and does not set the axis.
+        bounded = [d.half_width is not None and math.isfinite(d.half_width) for d in deltas.values()]
+        errs = [d.half_width if ok else 0.0 for d, ok in zip(deltas.values(), bounded)]
         xs = np.arange(len(names))
         ax.bar(xs, means, color=[colors[n] for n in names], alpha=0.85)
-        with_ci = [i for i, d in enumerate(deltas.values()) if d.half_width is not None]
+        with_ci = [i for i, ok in enumerate(bounded) if ok]
         ax.errorbar(xs[with_ci], np.array(means)[with_ci], yerr=np.array(errs)[with_ci], fmt="none",
                     ecolor="black", capsize=5)
         ax.axhline(0, color="black", lw=0.8)
         span = max([abs(m) + e for m, e in zip(means, errs)] + [1e-12])
-        for x, m, e, d in zip(xs, means, errs, deltas.values()):
+        for x, m, e, d, ok in zip(xs, means, errs, deltas.values(), bounded):
             y = m + e if m >= 0 else m - e
-            ax.annotate(_short_verdict(d), (x, y), xytext=(0, 4 if m >= 0 else -4),
+            unbounded = d.half_width is not None and not ok
+            ax.annotate(_short_verdict(d) + ("\ninterval unbounded" if unbounded else ""), (x, y), xytext=(0, 4 if m >= 0 else -4),
                         textcoords="offset points", ha="center", va="bottom" if m >= 0 else "top",
                         fontsize=8)
         ax.set_ylim(-1.35 * span, 1.35 * span)

@@ -177,8 +177,13 @@ def cpu_peak_flops(cache_dir: Path | None = None) -> tuple[float, str]:
     and two variants of equal FLOPs showed MFU 0.08 and 0.84. Cached, every run on this machine
     divides by the same number, so MFUs compare as tokens/s do.
     """
+    from pipeline import cpu_numerics
+
     threads = torch.get_num_threads()
-    key = f"{platform.machine()}|{_cpu_model()}|torch {torch.__version__}|{threads} threads"
+    # The pinned products (one OpenBLAS thread, AVX2) and torch's own have different peaks; one
+    # key for both let whichever process measured first (the cost plan, unpinned) set the other's.
+    products = "pinned products" if cpu_numerics.engaged() else "torch's products"
+    key = f"{platform.machine()}|{_cpu_model()}|torch {torch.__version__}|{threads} threads|{products}"
     path = Path(cache_dir or default_cache_dir()) / "cpu_peak_flops.json"
     try:
         known = json.loads(path.read_text())
