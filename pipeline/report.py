@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
-from pipeline.params import (Params, ParamsError, ReportParams, knockout_seeds, load_params, resolve_variant,
-                             stage_error)
+from pipeline.params import (Params, ParamsError, ReportParams, knockout_seeds, load_params, model_config,
+                             resolve_variant, stage_error)
 from pipeline.deciding.rounds import seed_order
 from pipeline.reporting import decisions, drawing, sweeps
 from pipeline.reporting.assumption import assumption_blocks
@@ -244,16 +244,24 @@ def claims(params: Params) -> list[dict]:
 
 def counted(params: Params, config: Mapping, where: str) -> dict[str, int]:
     """Our model's parameter counts at a seed's hand-counted settings (over the baseline's model
-    section; vocab_size the tokenizer's), built on the meta device: no weights, no time."""
-    from pipeline.planning.estimate import meta_model, tokenizer_ids
+    section; vocab_size the tokenizer's), built on the meta device: no weights, no time.
+
+    The report stage loads model/ only here, for a preset with such a claim, so dvc.yaml does not
+    list it: every model edit reruns the train stages, and the report follows their outputs."""
+    import torch
+
+    from model import build_model
 
     model = dict(resolve_variant(params, params.report.baseline)["model"])
     if unknown := sorted(set(config) - set(model) - {"vocab_size"}):
         raise ReportInputError(f"{where}.{unknown[0]}: not a model setting")
     model.update({k: v for k, v in config.items() if k != "vocab_size"})
-    ids = {**tokenizer_ids(params, None), **({"vocab_size": config["vocab_size"]} if "vocab_size" in config else {})}
+    tok = params.train_bpe
+    ids = {"vocab_size": config.get("vocab_size", tok.vocab_size), "pad_id": tok.pad_id, "bos_id": tok.bos_id,
+           "eos_id": tok.eos_id}
     try:
-        return meta_model({"model": model}, ids, where)[1].param_counts()
+        with torch.device("meta"):
+            return build_model(model_config(model, ids, where)).param_counts()
     except (ValueError, TypeError) as e:
         raise ReportInputError(f"{where}: {e}") from None
 

@@ -459,7 +459,7 @@ def test_data_digest_names_the_input_files_not_their_order_or_paths():
 def test_a_spending_boundarys_unbounded_look_renders(tmp_path):
     """O'Brien-Fleming-type spending at α 0.01 spends next to nothing at 5 of 20 seeds, below
     what its Monte Carlo resolves: no verdict there, the interval unbounded. The report, its Δ figure
-    included, still renders (the committed obf study once failed there)."""
+    included, still renders (a rerun of synthetic_decide_obf once failed there)."""
     p = make_project(tmp_path, seeds=tuple(range(5)), missing_runs=())
     decide = {"seeds": p.seeds, "looks": [3, 5, 8, 12, 20], "alpha": 0.01, "margin": None, "boundary": "obf",
               "runs": {}}
