@@ -93,7 +93,8 @@ def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: 
             peak, source = cpu_peak_flops()
             source += ", pinned products (pipeline/cpu_numerics.py)" if pinned else ""
         return {"device": f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)", "peak_flops": peak,
-                "pinned": pinned, "peak_source": source, "memory_bytes": ram_bytes(), "memory_source": "this machine's RAM",
+                "pinned": pinned, "peak_source": source,
+                "memory_bytes": ram_bytes(), "memory_source": "this machine's RAM",
                 "time": cal if mfu is None else replace(cal, mfu=mfu),
                 "time_source": (f"MFU {mfu} given (--mfu), " if mfu is not None else "") + f"fitted to {cal.source}"}
     name, memory_bytes = GPUS[device]

@@ -69,7 +69,8 @@ def test_study_wall_within_tolerance(folder):
     costs = study.fit_costs([f for f in STUDIES if f != folder], warm=run.get("warm", False))
     assert folder.name not in costs.studies
     jobs = run.get("jobs", 1)
-    slowdown = study.loop_slowdown(jobs, params.train.threads, run["cpu_count"], calibration.pinned_report(folder / "report.md"))
+    pinned = calibration.pinned_report(folder / "report.md")
+    slowdown = study.loop_slowdown(jobs, params.train.threads, run["cpu_count"], pinned)
     predicted = study.rounds_wall(study.study_stages(params, planned_loops(folder, cal, peak), costs, slowdown), params, jobs)
     assert abs(predicted / run["wall_s"] - 1) <= STUDY_TOLERANCE, f"study wall {predicted:.0f} s, measured {run['wall_s']} s"
 

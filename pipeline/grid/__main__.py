@@ -11,7 +11,8 @@
    `dvc repro`, when `dvc status` says one of them is out of date.
 2. DVC's stage graph and `dvc status` give the stages to run: those out of date and everything
    downstream of them (the shared stages asked first: when one is stale, only the stages outside
-   its reach are asked about, dag.stale_stages). Each run's stages go to one `dvc --wait-for-lock repro --single-item
+   its reach are asked about, dag.stale_stages). Each run's stages go to one
+   `dvc --wait-for-lock repro --single-item
    train@x evaluate@x` process; up to -j of them run at once, each started as soon as the stages
    it reads are done, the report last. Each process's output goes to .dvc/tmp/grid/<stage>.log;
    one line per start and finish here. Stages share the cores: each gets

@@ -93,14 +93,13 @@ def out_of_date(targets: set[str]) -> set[str]:
     return {name.split(":")[-1] if name.startswith("dvc.yaml:") else name for name in status}
 
 
-def stale_stages(pipeline: Pipeline, selected: set[str], shared: set[str], status=None) -> set[str]:
+def stale_stages(pipeline: Pipeline, selected: set[str], shared: set[str], status=out_of_date) -> set[str]:
     """The selected stages `status` (out_of_date) finds stale, asked of the shared stages first.
     Where one of those is stale everything below it is run anyway (each `dvc repro --single-item`
     skips what did not change), so only the stages outside its reach are asked about: the whole
     pipeline's `dvc status` took 1.8 and 3.4 minutes before seeds until decided's 4th and 5th
     rounds (94 and 142 stages), every one of them below check_params, which each round's new
     seeds make stale."""
-    status = status or out_of_date
     stale = status(shared) if shared else set()
     if not stale:
         return status(selected)

@@ -239,13 +239,10 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
         return _read_plateau(claim, results, runs, variant, decided, out)
     else:  # filter_kept: a count, not an estimate over seeds
         split = claim.get("split") or "train"
-        counts = ((filter_metrics or {}).get("splits") or {}).get(split)
-        raw, dropped = number(counts, "raw"), number(counts, "dropped_length")
-        if not raw or dropped is None:
+        kept = _filter_kept(filter_metrics, split)
+        if kept is None:
             return {**out, "reason": f"no {split} split counts in filter.json"}
-        mean, n = (raw - dropped) / raw, 1
-        low_high = (mean, mean)
-        ours = f"{mean:.1%} of {split} kept by length ({round(raw - dropped):,} of {round(raw):,}; filter.json)"
+        (mean, n, ours), low_high = kept, (kept[0], kept[0])
     low, high = low_high if low_high is not None else (None, None)
     if decided and read != "filter_kept":  # another metric, another arm, a value: not a sequential reading
         ours += FIXED_N
@@ -256,6 +253,16 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
         return out  # not the seed's quantity: read_claim says so, no check
     status, reason = _check(claim, read, direction, mean, low_high)
     return {**out, "status": status, "reason": reason}
+
+
+def _filter_kept(filter_metrics: Mapping | None, split: str) -> tuple[float, int, str] | None:
+    """(share of `split` the length filter kept, 1, our text) from filter.json; None without its counts."""
+    counts = ((filter_metrics or {}).get("splits") or {}).get(split)
+    raw, dropped = number(counts, "raw"), number(counts, "dropped_length")
+    if not raw or dropped is None:
+        return None
+    share = (raw - dropped) / raw
+    return share, 1, f"{share:.1%} of {split} kept by length ({round(raw - dropped):,} of {round(raw):,}; filter.json)"
 
 
 def _value(results: Results, runs: Mapping, seeds: Sequence[int], variant: str, metric: str) -> tuple:

@@ -123,8 +123,8 @@ def plot_deltas(
     for ax, (metric, higher_better, deltas) in zip(axes, panels):
         names = list(deltas)
         means = [d.mean if d.mean is not None else 0.0 for d in deltas.values()]
-        # An unbounded interval (a spending boundary's first look, where no verdict can be given:
-        # critical t infinite) gets no bar of its own and does not set the axis.
+        # An unbounded interval (a spending boundary's early look that spends less than its Monte
+        # Carlo resolves: critical t infinite, no verdict possible) gets no bar and does not set the axis.
         bounded = [d.half_width is not None and math.isfinite(d.half_width) for d in deltas.values()]
         errs = [d.half_width if ok else 0.0 for d, ok in zip(deltas.values(), bounded)]
         xs = np.arange(len(names))
@@ -137,7 +137,8 @@ def plot_deltas(
         for x, m, e, d, ok in zip(xs, means, errs, deltas.values(), bounded):
             y = m + e if m >= 0 else m - e
             unbounded = d.half_width is not None and not ok
-            ax.annotate(_short_verdict(d) + ("\ninterval unbounded" if unbounded else ""), (x, y), xytext=(0, 4 if m >= 0 else -4),
+            ax.annotate(_short_verdict(d) + ("\ninterval unbounded" if unbounded else ""), (x, y),
+                        xytext=(0, 4 if m >= 0 else -4),
                         textcoords="offset points", ha="center", va="bottom" if m >= 0 else "top",
                         fontsize=8)
         ax.set_ylim(-1.35 * span, 1.35 * span)
