@@ -3,14 +3,14 @@
 #   bash run.sh          set up .venv, then run the whole pipeline (offline): `python -m pipeline.grid`,
 #                        the independent stages side by side through DVC (-j auto: the cores, or GPUs x
 #                        runs per GPU); `bash run.sh repro -j 1` is a serial `dvc repro`; both serve
-#                        each stage warm (pipeline/grid/warm.py; a plain `dvc repro` does too after
-#                        its first stage, pipeline/grid/auto.py), `--cold` for new processes
+#                        each stage warm (pipeline/warm/; a plain `dvc repro` does too after its
+#                        first stage, pipeline/warm/auto.py), `--cold` for new processes
 #   bash run.sh test     set up .venv, then run the full CPU test suite (what CI runs)
 #   bash run.sh test quick   the quick tier (pytest --quick): every stage function and the model, in one
 #                        process, under 2 minutes on 2 cores; no DVC repro, kill, browser or multi-process test
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
 #   bash run.sh decide   set up .venv, then run rounds until every ablation is decided (params decide;
-#                        pipeline/deciding/loop.py): only open comparisons get more seeds
+#                        python -m pipeline.grid.decide): only open comparisons get more seeds
 #   bash run.sh study P  set up .venv, then rerun preset P's committed study report from scratch
 #   bash run.sh gpu      on a CUDA machine: GPU tests, 124M benchmark, a preset on the GPU; one JSON
 #                        (scripts/gpu.sh; without CUDA it says so and exits 0 before any set-up)
@@ -38,6 +38,6 @@ case "${1:-repro}" in
     python -m pytest "$@" ;;
   bench) python -m benchmarks.model_speed && python -m benchmarks.train_loop ;;
   study) shift; bash scripts/study.sh "$@" ;;
-  decide) shift; python -m pipeline.deciding "$@" ;;
+  decide) shift; python -m pipeline.grid.decide "$@" ;;
   *) echo "usage: bash run.sh [repro|test|bench|study|decide|gpu|setup] [args...]" >&2; exit 2 ;;
 esac

@@ -53,12 +53,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import gpu_spread
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The parts that run a whole study: (preset, the grid launcher's options, the output folder's name).
 # study and study_warm: the same study cold (--cold) and warm (--warm, the launcher's default since
-# run 10's two decided it: pipeline.grid.warm_wanted) in one call; recipe and seed take the default.
+# run 10's two decided it: pipeline.grid.repro.warm_wanted) in one call; recipe and seed take the default.
 STUDY_PARTS = {"spread": (gpu_spread.NAME, "", gpu_spread.NAME),  # a generated preset (STUDY_PRESET_FILE)
                "recipe": ("nanogpt_shakespeare_char_gpu", "", "nanogpt_shakespeare_char_gpu"),
                "study": ("nanogpt_shakespeare_char", "--cold", "nanogpt_shakespeare_char"),

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from benchmarks.gpt_step import MinimalGPT, gpt_config
 from benchmarks.model_speed import time_interleaved
 from model import ModelConfig, build_model
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 from pipeline.train import flops_per_target_token
 from pipeline.training.device import autocast, peak_flops
 from pipeline.training.optim import make_optimizer
@@ -122,52 +122,12 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
     torch.manual_seed(0)
     models = {name: build(cfg, name).to(device).train() for name in MODELS}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    data: dict[int, tuple[Tensor, Tensor]] = {}
-
-    def windows(b: int) -> tuple[Tensor, Tensor]:
-        if b not in data:
-            tokens = torch.randint(4, cfg.vocab_size, (b, cfg.max_len + 1), device=device)
-            data[b] = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-        return data[b]
+    windows = _windows(cfg, device)
 
     def stepper(model: nn.Module, runner: Callable, b: int) -> Callable[[], None]:
-        opt = make_optimizer(model, 6e-4, (0.9, 0.95), 1e-8, 0.1, device)
+        return _stepper(model, runner, windows, b, steps, device)
 
-        def run() -> None:
-            x, y = windows(b)
-            for _ in range(steps):
-                with autocast(device, True):
-                    _, loss = runner(None, x, y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return run
-
-    runs = {f"{name}_eager": stepper(m, m, batch) for name, m in models.items()}
-    large: dict[str, Callable[[], None]] = {}  # the runs at large_batch; every other run is at batch
-    phases = [list(runs)]
-    if compile_models:
-        # dynamic=False: the second batch size compiles its own static graph, as a run at that
-        # batch would, instead of turning the first into a dynamic-shape one.
-        compiled = {name: torch.compile(m, dynamic=False) for name, m in models.items()}
-        compiled["ours_loss_only"] = torch.compile(LossOnly(models["ours"]), dynamic=False)
-        owner = {**{n: n for n in models}, "ours_loss_only": "ours"}  # whose parameters a runner trains
-        # The MFU question first, at the larger micro-batch (the higher MFU in run 6): ours, ours
-        # returning the loss alone, the nanoGPT-style model; then the three models at `batch`.
-        first = ["ours", "ours_loss_only", "nanogpt_style"]
-        at_batch = list(models) if large_batch and large_batch != batch else list(compiled)
-        runs.update({f"{name}_compiled": stepper(models[owner[name]], compiled[name], batch) for name in at_batch})
-        if large_batch and large_batch != batch:
-            large = {f"{name}_compiled_b{large_batch}": stepper(models[owner[name]], compiled[name], large_batch)
-                     for name in first}
-            phases = [list(large), list(runs)]
-        else:
-            phases = [[f"{name}_compiled" for name in first], list(runs)]
-        runs.update(large)
-
-    def batch_of(name: str) -> int:
-        return large_batch if name in large else batch
-
+    runs, large, phases = _runners(models, stepper, batch, large_batch, compile_models)
     flops = flops_per_token(cfg)
     peak, peak_source = peak_flops(device)
     out = {"shape": shape, "batch": batch, "large_batch": large_batch if compile_models else None,
@@ -180,53 +140,19 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
                                "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
                                "math": torch.backends.cuda.math_sdp_enabled()}
     warmed: set[str] = set()
-    mode = "compiled" if compile_models else "eager"
+    ratios = _ratios("compiled" if compile_models else "eager", compile_models, large_batch)
     for phase in phases:
-        start = time.perf_counter()
-        try:
-            for name in phase:
-                if name not in warmed:
-                    runs[name]()  # warm-up: compiles the compiled runners, fills the allocator's cache
-                    warmed.add(name)
-        except torch.OutOfMemoryError as exc:  # a larger micro-batch than the device holds: say so, go on
-            out[f"phase_{out['phases_done'] + 1}_error"] = f"out of memory: {str(exc).splitlines()[0]}"
-            for name in phase:
-                runs.pop(name, None)
-            torch.cuda.empty_cache()
+        if not _warm_up(phase, runs, warmed, out):
             continue
-        finally:
-            out["warmup_and_compile_s"] = round(out["warmup_and_compile_s"] + time.perf_counter() - start, 1)
         timing = time_interleaved({n: runs[n] for n in phase}, repeats=repeats, warmup=0, device=device.type)
         timed = timing["wall"]
         for name, seconds in timed.items():
-            tokens = batch_of(name) * cfg.max_len * steps
-            out[name] = {"batch": batch_of(name), "step_ms": round(1000 * seconds / steps, 2),
-                         "tokens_per_s": round(tokens / seconds), "mfu": round(flops * tokens / seconds / peak, 4)
-                         if peak else None, "repeats": len(timing["wall_all"][name])}
-            if peak:
-                every = [flops * tokens / s / peak for s in timing["wall_all"][name]]
-                out[name]["mfu_range"] = [round(min(every), 4), round(max(every), 4)]
-        ratios = {"ours_over_nanogpt_style_step": ("ours", "nanogpt_style", mode),
-                  "ours_over_reference_step": ("ours", "reference", mode),
-                  "ours_over_nanogpt_style_step_eager": ("ours", "nanogpt_style", "eager"),
-                  "ours_over_reference_step_eager": ("ours", "reference", "eager"),
-                  "compiled_over_eager_step": ("ours", "ours", None)}
-        if compile_models:
-            ratios["loss_only_over_ours_step"] = ("ours_loss_only", "ours", "compiled")
-        if large_batch:
-            ratios["ours_over_nanogpt_style_step_large_batch"] = ("ours", "nanogpt_style", f"compiled_b{large_batch}")
-            ratios["loss_only_over_ours_step_large_batch"] = ("ours_loss_only", "ours", f"compiled_b{large_batch}")
-            ratios["loss_only_over_nanogpt_style_step_large_batch"] = (
-                "ours_loss_only", "nanogpt_style", f"compiled_b{large_batch}")
-        for key, (a, b, m) in ratios.items():
-            num, den = (f"{a}_compiled", f"{b}_eager") if m is None else (f"{a}_{m}", f"{b}_{m}")
+            b = large_batch if name in large else batch
+            out[name] = _speed(b, b * cfg.max_len * steps, steps, seconds, timing["wall_all"][name], flops, peak)
+        for key, (num, den) in ratios.items():
             if num in timed and den in timed:
                 out[key] = round(timed[num] / timed[den], 3)
-        ours = [n for n in runs if n.startswith(("ours_compiled", "ours_loss_only_compiled")) and n in out]
-        if ours:
-            best = max(ours, key=lambda n: out[n]["mfu"] or 0.0)
-            out["mfu_compiled"], out["mfu_compiled_batch"] = out[best]["mfu"], out[best]["batch"]
-            out["mfu_compiled_runner"], out["mfu_compiled_range"] = best, out[best].get("mfu_range")
+        _best_compiled(out, runs)
         out["phases_done"] += 1
         profiled = next((n for n in ("ours_compiled", f"ours_compiled_b{large_batch}") if n in timed), None)
         if device.type == "cuda" and profiled and "attention_kernels" not in out:
@@ -237,6 +163,118 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
         if write is not None:
             write(out)
     return out
+
+
+def _windows(cfg: ModelConfig, device: torch.device) -> Callable[[int], tuple[Tensor, Tensor]]:
+    """(inputs, targets) of b random windows, made at a batch size's first use and shared by every runner."""
+    data: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def windows(b: int) -> tuple[Tensor, Tensor]:
+        if b not in data:
+            tokens = torch.randint(4, cfg.vocab_size, (b, cfg.max_len + 1), device=device)
+            data[b] = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        return data[b]
+    return windows
+
+
+def _stepper(model: nn.Module, runner: Callable, windows: Callable, b: int, steps: int,
+             device: torch.device) -> Callable[[], None]:
+    """One timing's work: `steps` training steps of `runner` (the model, or it compiled) at b sequences."""
+    opt = make_optimizer(model, 6e-4, (0.9, 0.95), 1e-8, 0.1, device)
+
+    def run() -> None:
+        x, y = windows(b)
+        for _ in range(steps):
+            with autocast(device, True):
+                _, loss = runner(None, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return run
+
+
+def _runners(models: dict[str, nn.Module], stepper: Callable, batch: int, large_batch: int | None,
+             compile_models: bool) -> tuple[dict[str, Callable[[], None]], dict, list[list[str]]]:
+    """Every runner by name, those at large_batch (every other runs at `batch`), and each phase's names."""
+    runs = {f"{name}_eager": stepper(m, m, batch) for name, m in models.items()}
+    large: dict[str, Callable[[], None]] = {}
+    if not compile_models:
+        return runs, large, [list(runs)]
+    # dynamic=False: the second batch size compiles its own static graph, as a run at that
+    # batch would, instead of turning the first into a dynamic-shape one.
+    compiled = {name: torch.compile(m, dynamic=False) for name, m in models.items()}
+    compiled["ours_loss_only"] = torch.compile(LossOnly(models["ours"]), dynamic=False)
+    owner = {**{n: n for n in models}, "ours_loss_only": "ours"}  # whose parameters a runner trains
+    # The MFU question first, at the larger micro-batch (where the MFU is higher): ours, ours
+    # returning the loss alone, the nanoGPT-style model; then the three models at `batch`.
+    first = ["ours", "ours_loss_only", "nanogpt_style"]
+    at_batch = list(models) if large_batch and large_batch != batch else list(compiled)
+    runs.update({f"{name}_compiled": stepper(models[owner[name]], compiled[name], batch) for name in at_batch})
+    if large_batch and large_batch != batch:
+        large = {f"{name}_compiled_b{large_batch}": stepper(models[owner[name]], compiled[name], large_batch)
+                 for name in first}
+        phases = [list(large), list(runs)]
+    else:
+        phases = [[f"{name}_compiled" for name in first], list(runs)]
+    runs.update(large)
+    return runs, large, phases
+
+
+def _warm_up(phase: list[str], runs: dict, warmed: set[str], out: dict) -> bool:
+    """Run each new runner of the phase once (compiling the compiled ones, filling the allocator's
+    cache); False when the device ran out of memory: the phase's runners dropped, `out` says so."""
+    start = time.perf_counter()
+    try:
+        for name in phase:
+            if name not in warmed:
+                runs[name]()
+                warmed.add(name)
+    except torch.OutOfMemoryError as exc:  # a larger micro-batch than the device holds: say so, go on
+        out[f"phase_{out['phases_done'] + 1}_error"] = f"out of memory: {str(exc).splitlines()[0]}"
+        for name in phase:
+            runs.pop(name, None)
+        torch.cuda.empty_cache()
+        return False
+    finally:
+        out["warmup_and_compile_s"] = round(out["warmup_and_compile_s"] + time.perf_counter() - start, 1)
+    return True
+
+
+def _speed(b: int, tokens: int, steps: int, seconds: float, repeats: list[float], flops: float,
+           peak: float | None) -> dict:
+    """One runner's timing: step time, tokens/s and MFU (the median repeat's), the repeats' MFU range."""
+    out = {"batch": b, "step_ms": round(1000 * seconds / steps, 2), "tokens_per_s": round(tokens / seconds),
+           "mfu": round(flops * tokens / seconds / peak, 4) if peak else None, "repeats": len(repeats)}
+    if peak:
+        every = [flops * tokens / s / peak for s in repeats]
+        out["mfu_range"] = [round(min(every), 4), round(max(every), 4)]
+    return out
+
+
+def _ratios(mode: str, compile_models: bool, large_batch: int | None) -> dict[str, tuple[str, str]]:
+    """Each step-time ratio the result gives: its key -> (numerator, denominator) runner names."""
+    ratios = {"ours_over_nanogpt_style_step": (f"ours_{mode}", f"nanogpt_style_{mode}"),
+              "ours_over_reference_step": (f"ours_{mode}", f"reference_{mode}"),
+              "ours_over_nanogpt_style_step_eager": ("ours_eager", "nanogpt_style_eager"),
+              "ours_over_reference_step_eager": ("ours_eager", "reference_eager"),
+              "compiled_over_eager_step": ("ours_compiled", "ours_eager")}
+    if compile_models:
+        ratios["loss_only_over_ours_step"] = ("ours_loss_only_compiled", "ours_compiled")
+    if large_batch:
+        big = f"compiled_b{large_batch}"
+        ratios["ours_over_nanogpt_style_step_large_batch"] = (f"ours_{big}", f"nanogpt_style_{big}")
+        ratios["loss_only_over_ours_step_large_batch"] = (f"ours_loss_only_{big}", f"ours_{big}")
+        ratios["loss_only_over_nanogpt_style_step_large_batch"] = (f"ours_loss_only_{big}", f"nanogpt_style_{big}")
+    return ratios
+
+
+def _best_compiled(out: dict, runs: dict) -> None:
+    """mfu_compiled and its runner, batch and range: the best of ours' compiled runners timed so far."""
+    ours = [n for n in runs if n.startswith(("ours_compiled", "ours_loss_only_compiled")) and n in out]
+    if ours:
+        best = max(ours, key=lambda n: out[n]["mfu"] or 0.0)
+        out["mfu_compiled"], out["mfu_compiled_batch"] = out[best]["mfu"], out[best]["batch"]
+        out["mfu_compiled_runner"], out["mfu_compiled_range"] = best, out[best].get("mfu_range")
 
 
 def main() -> None:

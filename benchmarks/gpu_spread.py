@@ -209,7 +209,7 @@ def main() -> None:
     """python -m benchmarks.gpu_spread SPREAD.json OUT.json: the two readings compared, per quantity."""
     import argparse
 
-    from pipeline.atomic import atomic_path
+    from pipeline.io.atomic import atomic_path
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("spread", type=Path, help="a `bash run.sh gpu --parts spread` JSON")

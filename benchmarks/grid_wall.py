@@ -6,13 +6,13 @@ Each mode runs the whole study from scratch in its own scratch project (git + DV
 MLflow store of its own), one after the other on this machine in the same run:
   repro   `dvc repro`, as typed by hand            warm starts on a CPU machine by themselves: the
                                                    first stage starts a server for this DVC process
-                                                   (pipeline/grid/auto.py), the next are served
+                                                   (pipeline/warm/auto.py), the next are served
   cold    `ABLATION_LAB_WARM=0 dvc repro`          each stage a new Python process
   serial  `python -m pipeline.grid -j 1 --times --warm`   the same `dvc repro` with warm starts (a
                                                    server holds the imports; `bash run.sh repro -j 1`)
   grid    `python -m pipeline.grid -j N --times --warm`   side by side, warm (what `bash run.sh` runs;
                                                    --warm: on a GPU machine too, where it is off by default)
-Every stage, cold or warm, ends through pipeline.grid.exit.run_main (no interpreter teardown);
+Every stage, cold or warm, ends through pipeline.warm.exit.run_main (no interpreter teardown);
 `fast_exit` in the JSON says whether the measured code did (older JSONs predate it).
 and the summed training loops of its runs (train.json `wall_time_s`) are read back. Printed JSON:
 each mode's wall, loops and per-stage-family seconds, and the ratios the grid issue asks for:
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks.stage_times import run as timed_run
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("repro", "cold", "serial", "grid")
@@ -59,7 +59,7 @@ def scratch_project(folder: Path, params: Path) -> Path:
 
 
 def fast_exit() -> bool:
-    """Whether every stage module ends through pipeline.grid.exit.run_main (os._exit, no teardown)."""
+    """Whether every stage module ends through pipeline.warm.exit.run_main (os._exit, no teardown)."""
     stages = ("check_params", "download", "filter", "train_bpe", "encode", "train", "evaluate", "knockout", "report")
     return all("run_main(main)" in (ROOT / "pipeline" / f"{s}.py").read_text(encoding="utf-8") for s in stages)
 

@@ -38,7 +38,7 @@ from torch import nn
 from benchmarks.nanogpt_reference import GPT, GPTShape, lr_at, optimizer
 from model import ModelConfig, build_model
 from pipeline import cpu_numerics
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 from pipeline.params import TrainParams, load_params, resolve_variant
 from pipeline.training import trainer
 

@@ -153,7 +153,7 @@ def make_project(path: Path, params: dict | None, code: Path) -> dict:
     from tests.tiny_project import tiny_params
 
     env = tiny_project(path, params or tiny_params(knockout={"seeds": [0]}))
-    env["ABLATION_LAB_WARM"] = "0"  # a cold stage's costs: no warm server (pipeline/grid/auto.py)
+    env["ABLATION_LAB_WARM"] = "0"  # a cold stage's costs: no warm server (pipeline/warm/auto.py)
     if code != ROOT:
         for name in ("model", "pipeline"):
             shutil.rmtree(path / name)
@@ -179,7 +179,8 @@ def repro(project: Path, env: dict) -> dict:
 
 
 def family_figures(family: str, stage: str, cmd: str, project: Path, env: dict, n: int, python: dict) -> dict:
-    module = cmd.split()[cmd.split().index("-m") + 1]
+    words = cmd.split()
+    module = ".".join(words[words.index("-m") + 1:][:2])  # `python -m pipeline train ...`: pipeline.train
     out: dict = {"stage": stage}
     out["import"] = repeat([sys.executable, "-c", f"import {module}"], project, env, n)
     runs, loops = [], []

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 
 
 def stage_times(lines: list[tuple[float, str]], start: float, end: float) -> dict:

@@ -1,7 +1,8 @@
-"""Scaled dot-product attention (written out, and PyTorch's fused kernel) and multi-head attention.
+"""Scaled dot-product attention (eq. 1, written out, and PyTorch's fused kernel) and multi-head attention.
 
 Masks follow torch.nn.functional.scaled_dot_product_attention: a bool `attn_mask` is True where a
-query may attend, a float one is added to the logits; both broadcast to (B, H, Lq, Lk).
+query may attend, a float one is added to the logits; both broadcast to (B, H, Lq, Lk). Where the
+CPU's bits would depend on the thread count or the CPU, model/exact.py steps in.
 """
 from __future__ import annotations
 
@@ -12,18 +13,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
+from model import exact
 from model.config import ModelConfig
 
 AttendFn = Callable[..., tuple[Tensor, Tensor | None]]
-# Device types where `fused_attention` runs the written-out formula instead of torch's kernel.
-# pipeline.cpu_numerics.engage adds "cpu": the CPU kernel multiplies inside MKL, whose bits differ
-# between CPU makers, out of reach of the products it routes. The memory planner's meta trace adds
-# "meta", to count what that path keeps.
-WRITTEN_OUT_ON: set[str] = set()
 
 
+@exact.one_thread_per_pair
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False) -> tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(d) + mask) v, as in the paper (eq. 1).
@@ -31,10 +28,6 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     q (B, H, Lq, Dh), k and v (B, H, Lk, Dh). Returns (output (B, H, Lq, Dh), weights (B, H, Lq, Lk));
     the weights are before dropout, so they are the attention distribution.
     """
-    if _one_pair_backward_on_cpu(q):
-        out, weights = scaled_dot_product_attention(*_with_detached_copy(q, k, v), attn_mask=attn_mask,
-                                                    dropout_p=dropout_p, is_causal=is_causal)
-        return out[:1], weights[:1]
     # The scale on q, not on the (Lq, Lk) scores; masks as -inf added, whose backward is free: each
     # saves a pass over the scores both ways, which is most of this path's time at small head sizes.
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, H, Lq, Lk)
@@ -46,90 +39,28 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
             attn_mask = torch.zeros(attn_mask.shape, dtype=scores.dtype, device=q.device).masked_fill(
                 ~attn_mask, float("-inf"))
         scores = scores + attn_mask
-    weights = _softmax(scores)
+    weights = exact.softmax(scores)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights
 
 
-class _FixedOrderSoftmax(torch.autograd.Function):
-    """Softmax over the last dim whose CPU backward does not depend on the number of threads.
-
-    ATen's CPU softmax backward gives other bits at 1 and 2 threads when the last dim is not a
-    multiple of the vector width (8 floats under the pinned AVX2 path): the written-out attention
-    trained other weights under `bash run.sh` (one thread a run) than under `dvc repro` (two) for
-    most sequence lengths (issue #50; measured with torch 2.13.0). Its forward is torch's kernel;
-    the backward, y * (g - sum(g * y)), sums each row whole in one thread (tests/test_model_attention.py).
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        y = torch.softmax(x, dim=-1)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> Tensor:
-        (y,) = ctx.saved_tensors
-        return y * (grad - (grad * y).sum(dim=-1, keepdim=True))
-
-
-def _softmax(x: Tensor) -> Tensor:
-    if _backward_on_cpu(x):
-        return _FixedOrderSoftmax.apply(x)
-    return torch.softmax(x, dim=-1)  # CUDA, and no backward: torch's kernel
-
-
+@exact.one_thread_per_pair
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                     dropout_p: float = 0.0, is_causal: bool = False) -> tuple[Tensor, None]:
     """PyTorch's fused kernel (flash / memory-efficient / math); same maths, no weights returned."""
-    if q.device.type in WRITTEN_OUT_ON:
+    if exact.writes_out(q, dropout_p):
         return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                             is_causal=is_causal)[0], None
-    if dropout_p > 0 and _backward_on_cpu(q):
-        # On the CPU the kernel runs attention dropout through its math path, whose softmax backward
-        # depends on the thread count (_FixedOrderSoftmax): the written-out path, same maths and masks.
-        return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                            is_causal=is_causal)[0], None
-    if _one_pair_backward_on_cpu(q):
-        q, k, v = _with_detached_copy(q, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                             is_causal=is_causal)
-        return out[:1], None
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                         is_causal=is_causal)
-    return out, None
-
-
-def _one_pair_backward_on_cpu(q: Tensor) -> bool:
-    """One (batch, head) pair whose gradients the CPU will compute.
-
-    With a single pair, ATen's CPU kernels split that pair's work across threads (the flash-
-    attention backward, and bmm's matrix product at some lengths), and its gradients depend on the
-    thread count: one head and a batch of one sequence made 2 of the default study's 3
-    single_head runs train other weights under `bash run.sh` (one thread a run) than under
-    `dvc repro` (two; issue #50). With two pairs each pair stays in one thread.
-    """
-    return q.shape[0] * q.shape[1] == 1 and _backward_on_cpu(q)
-
-
-def _backward_on_cpu(q: Tensor) -> bool:
-    return q.device.type == "cpu" and q.requires_grad and torch.is_grad_enabled()
-
-
-def _with_detached_copy(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k and v with a detached copy as a second batch row: masks broadcast over the batch,
-    row 0 computes exactly what the pair alone computes in one thread, the copy gets no gradient."""
-    return tuple(torch.cat([t, t.detach()]) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal), None
 
 
 def combine_masks(mask: Tensor | None, bias: Tensor | None, causal: bool, q_start: int, q_len: int,
                   k_len: int, device: torch.device) -> tuple[Tensor | None, bool]:
     """Merge a bool mask, an additive bias and causality into one (attn_mask, is_causal) pair.
 
-    Computed once per stack forward, not per layer. Plain causal attention from an empty cache
-    stays a flag so the fused kernel can take its fastest path; queries starting at q_start > 0
-    (cached decoding) need an explicit mask aligned to the end of the keys.
+    Once per stack forward, not per layer. Plain causal attention stays a flag (the fused kernel's
+    fastest path); cached decoding (q_start > 0) needs a mask aligned to the end of the keys.
     """
     if causal and q_start == 0 and q_len == k_len and mask is None and bias is None:
         return None, True
@@ -148,16 +79,12 @@ def future_only_mask(mask: Tensor | None, bias: Tensor | None, q_start: int, q_l
                      device: torch.device) -> tuple[Tensor, Tensor]:
     """Seed study 000's decoder mask (ModelConfig.decoder_mask future_only) as (attn_mask, uniform_rows).
 
-    The seed ran `scores.masked_fill(mask == 0, -1e9)` on a mask that is -inf strictly above the
-    diagonal and 0 elsewhere: query i keeps its scores for keys j > i only, and the last query,
-    every score replaced by the same -1e9, attends uniformly to all keys. In a row that keeps a
-    key, -1e9 and -inf give the same softmax (exp underflows to exactly 0), so a mask of j > i says
-    it for both attention paths. A row that keeps none is returned in `uniform_rows` (Lq, 1):
-    MultiHeadAttention zeroes its query and this mask opens the row, so every score is 0 and the
-    softmax is uniform, in the manual path and the fused kernel alike, and no gradient reaches its
-    query or the keys through it, as none does through replaced scores. (An additive -1e9 in the
-    fused kernel would not do: s - 1e9 rounds to steps of 64 in float32, so a score above 32
-    breaks the tie, and autograd would still pass gradients through the scores.)
+    The seed ran `scores.masked_fill(mask == 0, -1e9)` on a mask that is -inf above the diagonal:
+    query i keeps keys j > i only, and the last query, every score -1e9, attends uniformly. Where a
+    row keeps a key, -1e9 and -inf give the same softmax, so the mask is j > i. The row that keeps
+    none comes back in `uniform_rows` (Lq, 1): MultiHeadAttention zeroes its query and the mask
+    opens it, so its scores are 0 on both paths and, as through replaced scores, no gradient flows.
+    (An additive -1e9 would not do: s - 1e9 rounds to steps of 64 in float32, and gradients flow.)
     """
     if mask is not None or q_start != 0 or q_len != k_len:
         raise ValueError("decoder_mask='future_only' attends over the whole sequence at once "
@@ -187,8 +114,8 @@ class KVCache:
 
 class MultiHeadAttention(nn.Module):
     """All heads in one batched computation; q/k/v from one fused projection (self-attention) or
-    a q projection plus a fused k/v projection (cross-attention). Built from the ModelConfig, as
-    the FFN and the sublayers are: a switch inside attention reads its field here."""
+    a q projection plus a fused k/v projection (cross-attention). A switch inside attention reads
+    its ModelConfig field here."""
 
     def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
         super().__init__()
@@ -207,9 +134,8 @@ class MultiHeadAttention(nn.Module):
         self.attend: AttendFn = fused_attention if cfg.attention_impl == "sdpa" else scaled_dot_product_attention
 
     def _split(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
-        """(B, L, n*H*Dh) -> n tensors (B, H, L, Dh). Split first, then view each: the backward is
-        then one concatenation into the projection's gradient, where viewing the whole as
-        (n, B, H, L, Dh) made it stack and permute, and the weight gradient's matmul copy it."""
+        """(B, L, n*H*Dh) -> n tensors (B, H, L, Dh). Split, then view each: the backward is one
+        concatenation into the projection's gradient (a view of the whole would stack and permute)."""
         b, length, _ = x.shape
         return tuple(t.view(b, length, self.n_heads, self.head_dim).transpose(1, 2)
                      for t in x.split(self.n_heads * self.head_dim, dim=-1))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.atomic import DiskFull, atomic_write_text
+from pipeline.io.atomic import DiskFull, atomic_write_text
 from pipeline.params import Params, ParamsError, load_params, model_config, model_fields, resolve_variant, stage_error
 
 STAMP = "params.yaml: every key valid (pipeline/check_params.py)\n"
@@ -107,6 +107,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.grid.exit import run_main
+    from pipeline.warm.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/warm/exit.py)

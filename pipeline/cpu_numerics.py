@@ -24,7 +24,7 @@ Haswell kernel is chosen by name, its blocking is fixed in the library (not read
 sizes), and it is the kernel OpenBLAS itself picks on AMD's Zen: measured on an Intel Xeon, its
 bits do not move with OPENBLAS_L2_SIZE or when asked for as Zen (benchmarks/cpu_numerics facts).
 torch's fused attention multiplies inside its own kernel, out of reach: on the CPU it runs the
-written-out formula instead (model.attention.WRITTEN_OUT_ON).
+written-out formula instead (model/exact.py).
 
 A variable the user set is kept, except OPENBLAS_CORETYPE (the path this promise is made for);
 ABLATION_LAB_PIN_CPU=0 turns all of it off (the machine's fastest kernels, its own numbers). On
@@ -85,7 +85,7 @@ def engage() -> bool:
     import torch
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    import model.attention
+    import model.exact
 
     import numpy  # loads its OpenBLAS, which reads OPENBLAS_CORETYPE now
 
@@ -101,7 +101,7 @@ def engage() -> bool:
     threadpool_limits(1, user_api="blas")
     _state["library"] = _register(torch)
     torch.backends.mkldnn.enabled = False  # gelu and friends on ATen's pinned code instead
-    model.attention.WRITTEN_OUT_ON.add("cpu")
+    model.exact.WRITTEN_OUT_ON.add("cpu")
     _state["engaged"] = True
     return True
 

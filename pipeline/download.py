@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline.atomic import atomic_path, atomic_write_json
+from pipeline.io.atomic import atomic_path, atomic_write_json
 from pipeline.params import ParamsError, load_params, stage_error
-from pipeline.progress import Progress
+from pipeline.io.progress import Progress
 from pipeline.sources import synthetic
 from pipeline.sources.common import SPLITS, TextStats
 from pipeline.sources.http import default_cache_dir
@@ -175,6 +175,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.grid.exit import run_main
+    from pipeline.warm.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/warm/exit.py)

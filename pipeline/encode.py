@@ -33,9 +33,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 from pipeline.params import ParamsError, load_params, stage_error
-from pipeline.progress import Progress
+from pipeline.io.progress import Progress
 from pipeline.train_bpe import describe_normalization, file_sha256, load_tokenizer
 
 SPLITS = ("train", "validation", "test")
@@ -152,6 +152,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.grid.exit import run_main
+    from pipeline.warm.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/warm/exit.py)

@@ -31,7 +31,7 @@ seq2seq examples (the largest such k whose target tokens fit the cap). bits_per_
 take the subset's mean loss as the whole test split's. eval.json's `loss_tokens` records, per
 split, the tokens scored out of the split's total and whether the cap applied.
 
-Progress (pipeline.progress) goes to stderr: a line when each phase starts, then a tqdm bar on a
+Progress (pipeline.io.progress) goes to stderr: a line when each phase starts, then a tqdm bar on a
 terminal or a log line with ETA every PROGRESS_EVERY_S seconds under DVC/CI; stdout gets a short
 summary at the end (eval.json holds the data).
 """
@@ -49,9 +49,9 @@ import torch.nn.functional as F
 
 from model.generate import decode_loop, next_token_picker
 from pipeline import cpu_numerics
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
-from pipeline.progress import Progress
+from pipeline.io.progress import Progress
 from pipeline.scoring.metrics import task_metrics
 from pipeline.scoring.output_checks import flags, output_stats
 from pipeline.train_bpe import load_tokenizer
@@ -403,6 +403,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.grid.exit import run_main
+    from pipeline.warm.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/warm/exit.py)

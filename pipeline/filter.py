@@ -36,14 +36,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.atomic import atomic_path, atomic_write_json
+from pipeline.io.atomic import atomic_path, atomic_write_json
 from pipeline.filtering import tables
 from pipeline.filtering.lengths import WORKERS, Histogram, counted, percentiles
 from pipeline.filtering.tables import (
     FrameSink, ParquetSink, Permuter, Reader, parquet_reader, texts,
 )
 from pipeline.params import FilterParams, ParamsError, load_params, stage_error
-from pipeline.progress import Progress
+from pipeline.io.progress import Progress
 
 SPLITS = ("train", "validation", "test")
 
@@ -284,6 +284,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.grid.exit import run_main
+    from pipeline.warm.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/warm/exit.py)

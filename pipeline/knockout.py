@@ -37,7 +37,7 @@ from pathlib import Path
 
 # torch, the model and the data readers are imported where a knock-out runs (run_knockouts, main):
 # a seed that knockout.seeds leaves out exits without them.
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 from pipeline.params import EvaluateParams, KnockoutParams, ParamsError, decided_run, knocks_out, load_params, stage_error
 
 STARTED_AT = time.time()  # the stage's start, before the heavy imports: MLflow shows the stage's duration
@@ -121,7 +121,7 @@ def run_knockouts(shards: Path, tokenizer: Path, run_dir: Path, out: Path, cfg: 
     from model.knockout import COUNTERPARTS, knockout, plan, record_means
     from pipeline.evaluate import decode
     from pipeline.scoring.run_files import load_model, read_object
-    from pipeline.progress import Progress
+    from pipeline.io.progress import Progress
     from pipeline.scoring.metrics import task_metrics
     from pipeline.train_bpe import load_tokenizer
     from pipeline.training.batching import load_split, load_texts, read_manifest
@@ -260,6 +260,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.grid.exit import run_main
+    from pipeline.warm.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/warm/exit.py)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.atomic import atomic_write_text
+from pipeline.io.atomic import atomic_write_text
 from pipeline.params import Params, ParamsError, load_params, resolve_variant
 
 SECTIONS = tuple(Params.model_fields)

@@ -38,7 +38,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pipeline.atomic import DiskFull, atomic_path, explain_full_disk
+from pipeline.io.atomic import DiskFull, atomic_path, explain_full_disk
 from pipeline.params import (Params, ParamsError, ReportParams, knockout_seeds, load_params, model_config,
                              resolve_variant, stage_error)
 from pipeline.deciding.rounds import seed_order
@@ -48,17 +48,18 @@ from pipeline.reporting.claims import check_claims, claims_blocks, claims_summar
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
 from pipeline.reporting.fingerprint import fingerprint
-from pipeline.reporting.inputs import ReportInputError, load_filter_metrics, load_runs, read_json
-from pipeline.reporting.knockout import knockout_blocks, knockout_summary, load_knockouts, mirror_knockouts
+from pipeline.reporting.inputs import ReportInputError
+from pipeline.reporting.knockout import knockout_blocks, knockout_summary, mirror_knockouts
 from pipeline.reporting.loss_budget import loss_budget_blocks
 from pipeline.reporting.mlflow_mirror import RunFiles, import_ahead, mirror_runs, run_data
 from pipeline.reporting.notes import notes_blocks
 from pipeline.reporting.plots import variant_colors
-from pipeline.reporting.render import Paragraph, to_html, to_markdown
+from pipeline.reporting.render import Block, Paragraph, to_html, to_markdown
 from pipeline.reporting.cost import cost_blocks
 from pipeline.reporting.data_tables import data_blocks, download_blocks
 from pipeline.reporting.stats import ALPHA
-from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, compute_results, unigram_plateau
+from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS
+from pipeline.reporting.study import ReportInputs, Study, read_inputs
 from pipeline.reporting.tables import (
     output_blocks, params_blocks, per_run_blocks, plateau_blocks, reference_blocks, reference_summary, results_blocks,
     samples_blocks, setup_blocks,
@@ -73,51 +74,12 @@ DEFAULT_EXPERIMENT = ReportParams.model_fields["experiment"].default  # unless r
 BUDGET_KEYS = ("budget_tokens", "budget_steps", "budget_flops")
 
 
-def render_report(
-    runs_dir: Path, evals_dir: Path, filter_metrics: Path, variants: Sequence[str], seeds: Sequence[int],
-    baseline: str, budget: Mapping[str, object], out_dir: Path,
-    notes: Sequence[str] = (), reference: Mapping | None = None, primary_metric: str | None = None,
-    lr_sweep: Sequence[float] = (), main_lr: Mapping[str, float] | None = None, scales: Sequence[str] = (),
-    raw_dir: Path | None = None, shards: Path | None = None, notes_data_digest: str | None = None,
-    download_metrics: Path | None = None,
-    knockout_seeds: Sequence[int] = (), ablations: Mapping[str, Mapping | None] | None = None,
-    seed_claims: Sequence[Mapping] = (),
-    decide: Mapping | None = None,
-) -> list[RunFiles]:
-    """Write report.md, report.html, figures/*.png, metrics.json, details.json, fingerprint.json and
-    curves/ into `out_dir`.
-
-    `out_dir` is replaced as a whole: it is the report stage's one output.
+def render_report(r: ReportInputs, out_dir: Path) -> list[RunFiles]:
+    """Write report.md, report.html, figures/*.png, metrics.json, details.json, decisions.json,
+    fingerprint.json and curves/ into `out_dir`, from the inputs read once (read_inputs).
 
     Returns the training runs (their files) for the MLflow mirror (pipeline.reporting.mlflow_mirror).
-    Raises ReportInputError (a ValueError) naming the file when an input cannot be read.
     """
-    variants, seeds = list(variants), list(seeds)
-    if baseline not in variants:
-        raise ReportInputError(f"baseline {baseline!r} is not one of the variants {variants}")
-    runs = load_runs(Path(runs_dir), Path(evals_dir), variants, seeds)
-    filt = load_filter_metrics(Path(filter_metrics))
-    raw_meta = read_json(Path(raw_dir) / "meta.json", dict) if raw_dir else None
-    manifest = read_json(Path(shards) / "manifest.json", dict) if shards else None
-    results = compute_results(runs, variants, seeds, baseline, primary_metric)
-    # Seeds until decided (params decide): the rounds' record from the same runs, and its section.
-    decided = (decisions.record(runs, variants, decide["seeds"], baseline, results.primary, decide["looks"],
-                                decide["alpha"], decide["margin"], decide.get("primary_metric"),
-                                decide.get("method", "t"), decide.get("boundary", "bonferroni"),
-                                decide.get("rho", 1.0)) if decide else None)
-    plateau = unigram_plateau(runs)
-    knockouts = load_knockouts(Path(evals_dir), baseline, knockout_seeds)  # {} when the stage is off
-    task = next((str(r.eval["task"]) for r in runs.values() if r.eval and r.eval.get("task")), None)
-    main_lr = dict(main_lr or {})  # each variant's train.lr; needed with lr_sweep
-    sweep_runs = sweeps.load_sweeps(runs_dir, evals_dir, variants, seeds, lr_sweep, main_lr, scales)
-    fair = scaled = None
-    if lr_sweep:
-        grid = sweeps.lr_grid(runs, sweep_runs, variants, seeds, main_lr)
-        fair = sweeps.fair_lr_results(grid, baseline, runs, main_lr)
-    if scales:
-        scaled = sweeps.scale_results(sweeps.scale_runs(runs, sweep_runs), variants, seeds, baseline,
-                                             results.primary)
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob(".report-build.*"):  # left by a report stage killed mid-build
@@ -130,71 +92,118 @@ def render_report(
             explain_full_disk(out_dir, Path(build)), drawing.side_by_side():
         tmp = Path(build)
         (tmp / "figures").mkdir(parents=True)
-        colors = variant_colors(variants)
-        blocks = (
-            (decisions.verdict_blocks(decided) if decided else verdict_blocks(results, variants, baseline))
-            + (decisions.decision_blocks(decided) if decided else [])
-            + delta_blocks(results, baseline, colors, tmp / "figures", decided)
-            + [Paragraph(f"Generated from {runs_dir}, {evals_dir} and {filter_metrics}.")]
-            + assumption_blocks(runs, variants, seeds, baseline, results.primary, plateau,
-                                decisions.last_level(decided["plan"]) if decided else 1 - ALPHA, tmp / "figures",
-                                colors)
-            + claims_blocks(seed_claims, results, runs, seeds, baseline, filt, decided)
-            + setup_blocks(runs, variants, seeds, baseline, budget, task,
-                           planned=decisions.planned_seeds(variants, decide["seeds"], decide["runs"]) if decide else None)
-            + notes_blocks(notes, notes_data_digest, raw_meta, filt, manifest)
-            + results_blocks(results, variants, baseline, runs, seeds)
-            + loss_budget_blocks(runs)
-            + (sweeps.fair_lr_blocks(fair, baseline, main_lr, tmp / "figures", colors) if fair else [])
-            + (sweeps.scale_blocks(scaled, baseline, tmp / "figures", colors) if scaled else [])
-            + reference_blocks(results, baseline, reference, runs, seeds)
-            + plateau_blocks(results, variants, plateau)
-            + knockout_blocks(knockouts, runs, seeds, baseline, ablations or {}, tmp / "figures")
-            + figure_blocks(runs, results, variants, seeds, baseline, tmp / "figures")
-            + params_blocks(runs, variants, seeds)
-            + cost_blocks(runs, variants, seeds)
-            + data_blocks(filt, Path(filter_metrics))
-            + (download_blocks(read_json(Path(download_metrics), dict), Path(download_metrics))
-               if download_metrics is not None else [])
-            + samples_blocks(runs, variants, seeds)
-            + output_blocks(runs, variants, seeds)
-            + per_run_blocks(runs, variants, seeds, results.metrics,
-                             decisions.planned_seeds(variants, decide["seeds"], decide["runs"]) if decide else None)
-        )
+        blocks = report_blocks(r, tmp / "figures")
         (tmp / "report.md").write_text(to_markdown(TITLE, blocks), encoding="utf-8")
-        # DVC compares metrics.json: the verdict's numbers only; the rest is detail (dvc_files).
-        (tmp / "metrics.json").write_text(json.dumps(metrics_summary(results, variants), indent=2) + "\n")
-        details = details_summary(results, variants, plateau)
-        if fair:
-            details["fair_lr"] = sweeps.fair_lr_summary(fair)
-        if scaled:
-            details["scales"] = sweeps.scale_summary(scaled)
-        if knockouts:
-            details["knockout"] = knockout_summary(knockouts)
-        if seed_claims:  # the seed study's claims beside ours, checked (absent without claims)
-            details["seed_claims"] = claims_summary(seed_claims, results, runs, seeds, baseline, filt, decided)
-        if reference:  # the reference beside our same quantity (benchmarks/gpu.py reads it)
-            details["reference"] = reference_summary(results, baseline, reference, runs, seeds)
-        (tmp / "details.json").write_text(json.dumps(details, indent=2) + "\n")
-        # What `bash run.sh decide` reads to add the next round's runs; a DVC output either way.
-        (tmp / "decisions.json").write_text(json.dumps(decided or {"off": True}, indent=2) + "\n")
-        curve_tables(runs, tmp / "curves")
-        trains = {key: run.train for key, run in runs.items()}
-        (tmp / "fingerprint.json").write_text(json.dumps(fingerprint(runs_dir, variants, seeds, trains), indent=2) + "\n")
+        _write_data_files(r, tmp)
         drawing.finish(meanwhile=import_ahead)  # every figure drawn: the HTML embeds them
         (tmp / "report.html").write_text(to_html(TITLE, blocks, tmp), encoding="utf-8")
         for item in sorted(tmp.iterdir()):
             with atomic_path(out_dir / item.name) as dst:
                 os.replace(item, dst)
+    return run_files(r)
 
-    return run_files(Path(runs_dir), Path(evals_dir), runs, sweep_runs)
+
+def report_blocks(r: ReportInputs, figures: Path) -> list[Block]:
+    """The report top to bottom, drawing its figures into `figures`."""
+    colors = variant_colors(r.study.variants)
+    return _answer(r, figures, colors) + _results(r) + _beside(r, figures, colors) + _detail(r, figures)
 
 
-def run_files(runs_dir: Path, evals_dir: Path, runs, sweep_runs) -> list[RunFiles]:
+def _answer(r: ReportInputs, figures: Path, colors) -> list[Block]:
+    """The answer first: the verdict and the Δ figure, then what it rests on (the t-model's check)
+    and the seed study's claims beside it."""
+    s = r.study
+    verdict, level = _verdict(r)
+    return (verdict
+            + delta_blocks(r.results, s.baseline, colors, figures, r.decided)
+            + [Paragraph(f"Generated from {s.runs_dir}, {s.evals_dir} and {s.filter_metrics}.")]
+            + assumption_blocks(r.runs, s.variants, s.seeds, s.baseline, r.results.primary, r.plateau, level,
+                                figures, colors)
+            + claims_blocks(s.seed_claims, r.results, r.runs, s.seeds, s.baseline, r.filt, r.decided))
+
+
+def _verdict(r: ReportInputs) -> tuple[list[Block], float]:
+    """The verdict lines and the level the t-model is checked at: under seeds until decided the
+    rounds' record gives both (and its own section), else the fixed-n test at 1 − ALPHA."""
+    if r.decided is None:
+        return verdict_blocks(r.results, r.study.variants, r.study.baseline), 1 - ALPHA
+    return (decisions.verdict_blocks(r.decided) + decisions.decision_blocks(r.decided),
+            r.decided.plan.levels[-1])
+
+
+def _results(r: ReportInputs) -> list[Block]:
+    """How the runs were made, the data they saw, and the tables behind the verdict."""
+    s = r.study
+    return (setup_blocks(r.runs, s.variants, s.seeds, s.baseline, s.budget, r.task, planned=r.planned)
+            + notes_blocks(s.notes, s.notes_data_digest, r.raw_meta, r.filt, r.manifest)
+            + results_blocks(r.results, s.variants, s.baseline, r.runs, s.seeds)
+            + loss_budget_blocks(r.runs))
+
+
+def _beside(r: ReportInputs, figures: Path, colors) -> list[Block]:
+    """The comparisons beside the main one: the sweeps, a published reference, the unigram plateau
+    and the knock-outs, each only where the study has it."""
+    s = r.study
+    return ((sweeps.fair_lr_blocks(r.fair, s.baseline, s.main_lr, figures, colors) if r.fair else [])
+            + (sweeps.scale_blocks(r.scaled, s.baseline, figures, colors) if r.scaled else [])
+            + reference_blocks(r.results, s.baseline, s.reference, r.runs, s.seeds)
+            + plateau_blocks(r.results, s.variants, r.plateau)
+            + knockout_blocks(r.knockouts, r.runs, s.seeds, s.baseline, s.ablations, figures))
+
+
+def _detail(r: ReportInputs, figures: Path) -> list[Block]:
+    """The figures, then the detail: parameters, cost, data, samples, outputs and every run."""
+    s = r.study
+    return (figure_blocks(r.runs, r.results, s.variants, s.seeds, s.baseline, figures)
+            + params_blocks(r.runs, s.variants, s.seeds)
+            + cost_blocks(r.runs, s.variants, s.seeds)
+            + data_blocks(r.filt, Path(s.filter_metrics))
+            + (download_blocks(r.download, Path(s.download_metrics)) if s.download_metrics is not None else [])
+            + samples_blocks(r.runs, s.variants, s.seeds)
+            + output_blocks(r.runs, s.variants, s.seeds)
+            + per_run_blocks(r.runs, s.variants, s.seeds, r.results.metrics, r.planned))
+
+
+def _write_data_files(r: ReportInputs, folder: Path) -> None:
+    """What DVC and `bash run.sh decide` read back, and the curves' tables."""
+    s = r.study
+    # DVC compares metrics.json: the verdict's numbers only; the rest is detail (dvc_files).
+    _write_json(folder / "metrics.json", metrics_summary(r.results, s.variants))
+    _write_json(folder / "details.json", _details(r))
+    # What `bash run.sh decide` reads to add the next round's runs; a DVC output either way.
+    _write_json(folder / "decisions.json", r.decided.to_json() if r.decided else {"off": True})
+    curve_tables(r.runs, folder / "curves")
+    trains = {key: run.train for key, run in r.runs.items()}
+    _write_json(folder / "fingerprint.json", fingerprint(s.runs_dir, s.variants, s.seeds, trains))
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _details(r: ReportInputs) -> dict:
+    """details.json: every number behind the tables, and each comparison beside them that the study has."""
+    s = r.study
+    out = details_summary(r.results, s.variants, r.plateau)
+    if r.fair:
+        out["fair_lr"] = sweeps.fair_lr_summary(r.fair)
+    if r.scaled:
+        out["scales"] = sweeps.scale_summary(r.scaled)
+    if r.knockouts:
+        out["knockout"] = knockout_summary(r.knockouts)
+    if s.seed_claims:  # the seed study's claims beside ours, checked (absent without claims)
+        out["seed_claims"] = claims_summary(s.seed_claims, r.results, r.runs, s.seeds, s.baseline, r.filt, r.decided)
+    if s.reference:  # the reference beside our same quantity (benchmarks/gpu.py reads it)
+        out["reference"] = reference_summary(r.results, s.baseline, s.reference, r.runs, s.seeds)
+    return out
+
+
+def run_files(r: ReportInputs) -> list[RunFiles]:
     """Every trained run's folders for the MLflow mirror: the main runs, then each sweep run (its
     MLflow name carries its point). Diverged sweep runs have nothing to mirror."""
-    found = [(run, runs_dir / f"{v}-{s}", evals_dir / f"{v}-{s}", "") for (v, s), run in runs.items()]
-    found += [(sr.run, sr.run_dir, sr.eval_dir, sr.label) for sr in sweep_runs]
+    runs_dir, evals_dir = Path(r.study.runs_dir), Path(r.study.evals_dir)
+    found = [(run, runs_dir / f"{v}-{s}", evals_dir / f"{v}-{s}", "") for (v, s), run in r.runs.items()]
+    found += [(sr.run, sr.run_dir, sr.eval_dir, sr.label) for sr in r.sweep_runs]
     out = []
     for run, run_dir, eval_dir, point in found:
         if run.train and not run.train.get("diverged"):
@@ -279,6 +288,29 @@ def budget(train: Mapping) -> dict:
     return out
 
 
+def study(params: Params, args: argparse.Namespace) -> Study:
+    """What params.yaml and the command line ask of the report."""
+    report, decide = params.report, params.decide
+    # With seeds until decided the runs are ragged: every variant has `seeds`, open ones more.
+    seeds = params.seeds + sorted({r.seed for r in decide.runs.values()})
+    knocked = knockout_seeds(params.knockout.seeds, params.seeds + sorted(
+        r.seed for r in decide.runs.values() if r.variant == report.baseline))
+    return Study(
+        args.runs, args.evals, args.filter_metrics, [str(v) for v in params.ablations], seeds, report.baseline,
+        budget=budget(params.train.model_dump(exclude_unset=True)),  # as params.yaml states it
+        notes=report.notes, reference=report.reference.model_dump() if report.reference else None,
+        primary_metric=report.primary_metric, lr_sweep=params.lr_sweep, main_lr=main_rates(params),
+        scales=[str(s) for s in params.scales], raw_dir=args.raw, shards=args.shards,
+        notes_data_digest=report.notes_data_digest, download_metrics=args.download_metrics,
+        knockout_seeds=knocked, ablations=params.ablations, seed_claims=claims(params),
+        decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin,
+                "runs": {k: r.model_dump() for k, r in decide.runs.items()},
+                "primary_metric": report.primary_metric, "method": decide.method,
+                "boundary": decide.boundary, "rho": decide.rho}
+        if decide.looks else None,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, required=True, help="train stage outputs (data/runs)")
@@ -293,36 +325,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         params = _read_params(args.params)
-        report = params.report
-        decide = params.decide
-        # With seeds until decided the runs are ragged: every variant has `seeds`, open ones more.
-        seeds = params.seeds + sorted({r.seed for r in decide.runs.values()})
-        knocked = knockout_seeds(params.knockout.seeds, params.seeds + sorted(
-            r.seed for r in decide.runs.values() if r.variant == params.report.baseline))
         with drawing.forking():  # the figures side by side
-            runs = render_report(
-                args.runs, args.evals, args.filter_metrics,
-                variants=[str(v) for v in params.ablations], seeds=seeds,
-                baseline=report.baseline,
-                budget=budget(params.train.model_dump(exclude_unset=True)),  # as params.yaml states it
-                out_dir=args.out_dir,
-                notes=report.notes, reference=report.reference.model_dump() if report.reference else None,
-                primary_metric=report.primary_metric,
-                lr_sweep=params.lr_sweep, main_lr=main_rates(params),
-                scales=[str(s) for s in params.scales],
-                raw_dir=args.raw, shards=args.shards, notes_data_digest=report.notes_data_digest,
-                download_metrics=args.download_metrics,
-                knockout_seeds=knocked, ablations=params.ablations,
-                seed_claims=claims(params),
-                decide={"seeds": params.seeds, "looks": decide.looks, "alpha": decide.alpha, "margin": decide.margin,
-                        "runs": {k: r.model_dump() for k, r in decide.runs.items()},
-                        "primary_metric": report.primary_metric, "method": decide.method,
-                        "boundary": decide.boundary, "rho": decide.rho}
-                if decide.looks else None,
-            )
+            inputs = read_inputs(study(params, args))
+            runs = render_report(inputs, args.out_dir)
     except (ReportInputError, DiskFull, drawing.DrawingError) as e:
         raise stage_error("report", e) from None
     log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
+    report, decide = params.report, params.decide
     if decide.looks:  # MLflow tags each run with the round that added it
         order = seed_order(params.seeds, decide.looks[-1])
         runs = [dataclasses.replace(r, round=1 + sum(order.index(r.seed) >= n for n in decide.looks))
@@ -332,9 +341,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     summary = json.loads((args.out_dir / "details.json").read_text())  # MLflow's view: the same metrics
     columns = tuple(m for m in (summary.get("primary_metric"), summary.get("main_metric")) if m)
     mirror_runs(runs, args.out_dir, report.experiment, data, columns)
-    mirror_knockouts(args.evals, report.baseline, knocked, report.experiment, data)
+    mirror_knockouts(args.evals, report.baseline, inputs.study.knockout_seeds, report.experiment, data)
 
 if __name__ == "__main__":
-    from pipeline.grid.exit import run_main
+    from pipeline.warm.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/warm/exit.py)

@@ -17,12 +17,13 @@ import json
 import os
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pipeline import cpu_numerics
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 from pipeline.params import ParamsError, decided_run, load_params, model_config, resolve_variant, stage_error
 from pipeline.tracking import Tracker, git_revision, live_tracking, point_label
 from pipeline.training import trainer
@@ -124,16 +125,30 @@ def flops_budget_tokens(budget_flops: float, per_token: float) -> int:
     return max(1, int(budget_flops // per_token))
 
 
+@dataclass(frozen=True)
+class Job:
+    """One run of the stage: what `run` was given, travelling together through its steps."""
+    shards: Path
+    variant: str
+    seed: int
+    resolved: dict  # the variant's model and train sections (params.resolve_variant)
+    experiment: str  # MLflow's
+    out: Path
+    ckpt_dir: Path
+    track: bool  # mirror to MLflow while training, if live tracking is on
+    point: dict  # a sweep run's place ({"lr": 0.01}, {"scale": "wide"}): in its JSONs and MLflow tags
+
+    @property
+    def ident(self) -> dict:  # heads config.json and train.json
+        return {"variant": self.variant, "seed": self.seed, **self.point}
+
+
 def run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
         track: bool = True, point: dict | None = None) -> dict:
-    """Train one variant and write its outputs; under torchrun every rank calls this, rank 0 writes.
-
-    `point` names a sweep run's place ({"lr": 0.01} or {"scale": "wide"}); it is recorded in
-    train.json and config.json and tags the MLflow run.
-    """
+    """Train one variant and write its outputs; under torchrun every rank calls this, rank 0 writes."""
     cluster = join_cluster(resolved["train"]["device"])
     try:
-        return _run(shards, variant, seed, resolved, experiment, out, ckpt_dir, track, cluster, point or {})
+        return _run(Job(shards, variant, seed, resolved, experiment, out, ckpt_dir, track, point or {}), cluster)
     finally:
         leave_cluster()
 
@@ -146,95 +161,49 @@ def mean_lengths(train_split, tcfg: dict, lm: bool) -> tuple[float, float]:
     return sum(map(len, train_split.src)) / n, sum(map(len, train_split.tgt)) / n + 1
 
 
-def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str, out: Path, ckpt_dir: Path,
-         track: bool, cluster, point: dict) -> dict:
+def _run(job: Job, cluster) -> dict:
     # Wall-clock times of this stage (MLflow's runs table shows end - start as the run's Duration)
     # and the load around it; a resumed run's times are those of its last, finishing process.
-    started_at, load_start, cpu_start = time.time(), machine_load(), cpu_seconds()
-    manifest = read_manifest(shards)
-    torch.manual_seed(seed)  # the initial weights are part of what the seed decides
-    cfg, model = build(resolved["model"], manifest, f"ablations.{variant}")
-    tcfg = dict(resolved["train"])
-    threads, why = choose_threads(tcfg["threads"])
-    torch.set_num_threads(threads)
-    cpu_numerics.engage()  # before the first forward: the CPU's matrix products on the pinned kernel
-    if cluster.main:
-        print(f"{variant}-{seed}: torch CPU threads {why}", flush=True)
-    # Late in training, tiny gradients and Adam moments become denormal floats, which x86 CPUs
-    # process many times slower; flushing them to zero changes no result worth a bit of loss.
-    torch.set_flush_denormal(True)
-    ids = {k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")}
-    if manifest["task"] == "language_modeling":
-        # Memory-mapped token files, shared by every run next to the checkpoints (see batching).
-        cache = ckpt_dir.parent / ".token-cache"
-        train_split = None
-        data = trainer.Data(task=manifest["task"], train=None, val=None, ids=ids, batch_tokens=tcfg["batch_tokens"],
-                            batch_size=tcfg["batch_size"], context=tcfg["context"], seed=seed,
-                            train_stream=lm_token_file(shards, manifest, "train", cache),
-                            val_stream=lm_token_file(shards, manifest, "validation", cache),
-                            lm_windows=tcfg["lm_windows"])
-    else:
-        train_split = load_split(shards, manifest, "train")
-        data = trainer.Data(task=manifest["task"], train=train_split,
-                            val=load_split(shards, manifest, "validation", limit=tcfg["eval_examples"] * 64),
-                            ids=ids, batch_tokens=tcfg["batch_tokens"], batch_size=tcfg["batch_size"],
-                            context=tcfg["context"], seed=seed)
-    mean_src, mean_tgt = mean_lengths(train_split, tcfg, data.lm)
-    flops_per_token = flops_per_target_token(model, cfg, mean_src, mean_tgt)
+    start = time.time(), machine_load(), cpu_seconds()
+    manifest = read_manifest(job.shards)
+    torch.manual_seed(job.seed)  # the initial weights are part of what the seed decides
+    cfg, model = build(job.resolved["model"], manifest, f"ablations.{job.variant}")
+    tcfg = dict(job.resolved["train"])
+    threads = _set_up_cpu(job, tcfg["threads"], cluster)
+    data = load_data(job, manifest, tcfg)
+    flops_per_token = flops_per_target_token(model, cfg, *mean_lengths(data.train, tcfg, data.lm))
     if tcfg["budget_flops"] is not None:  # FLOP-matched: this variant's cost per token sets its tokens
         tcfg["budget_tokens"] = flops_budget_tokens(tcfg["budget_flops"], flops_per_token)
         if cluster.main:
-            print(f"{variant}-{seed}: train.budget_flops {tcfg['budget_flops']:.3g} at {flops_per_token:,.0f} "
+            print(f"{job.variant}-{job.seed}: train.budget_flops {tcfg['budget_flops']:.3g} at {flops_per_token:,.0f} "
                   f"FLOPs per target token = {tcfg['budget_tokens']:,} target tokens", flush=True)
-    key = {"resolved": resolved, "seed": seed, "tokenizer": manifest["tokenizer_sha256"], "splits": manifest["splits"],
-           "code": source_hash(TRAINING_CODE)}
-    if cluster.world > 1:
-        key["world_size"] = cluster.world  # the plan per step depends on it; single-process hashes unchanged
-    run_hash = config_hash(key)
+    run_hash = _run_hash(job, manifest, cluster)
     if cluster.main:  # a DVC output even when the run is too short to checkpoint
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-    # Rank 0 alone mirrors to MLflow, and only when asked to live: by default the report stage
-    # mirrors every run from these files at the end, sparing each run MLflow's ~2 s start-up.
-    tracker = Tracker(enabled=track and cluster.main and live_tracking())
-    if tracker.enabled:  # its tags cost a `git rev-parse`: only when they are sent
-        tracker.start(experiment, run_name(variant, seed, point), {
-            "variant": variant, "seed": seed, "stage": "train", "git_revision": git_revision() or "unknown",
-            "tokenizer_sha256": manifest["tokenizer_sha256"], "data_hash": config_hash(manifest["splits"]),
-            **({"point": point_label(point)} if point else {}),
-        })
-    tracker.log_params({**resolved, "seed": seed, "variant": variant, **point})
-    ident = {"variant": variant, "seed": seed, **point}  # heads config.json and train.json
-    config = {**ident, **resolved}
+        job.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    tracker = _start_tracker(job, manifest, cluster)
     try:
-        result = trainer.train(model, data, tcfg, ckpt_dir, run_hash, tracker=tracker, cluster=cluster)
+        result = trainer.train(model, data, tcfg, job.ckpt_dir, run_hash, tracker=tracker, cluster=cluster)
     except trainer.NonFiniteLoss as exc:
         tracker.end("FAILED")
-        if "lr" not in point:
+        if "lr" not in job.point:
             raise
-        # In a learning-rate sweep a rate that diverges is a finding, not a broken pipeline: the
-        # run's outputs say so (no model), and the report rules the rate out for this variant.
-        why = str(exc).splitlines()[0]
-        if cluster.main:
-            write_diverged(out, config, {**ident, "diverged": why})
-            print(f"{run_name(variant, seed, point)}: diverged ({why}); recorded", flush=True)
-        return {**ident, "diverged": str(exc)}
+        return _diverged(job, exc, cluster)
     except BaseException:
         tracker.end("FAILED")
         raise
-    finished_at, load_end, cpu_end = time.time(), machine_load(), cpu_seconds()
+    end = time.time(), machine_load(), cpu_seconds()
     # train.keep = best: `model` holds the kept weights; the last step's are saved beside them, so
     # evaluate can score both on the whole validation split.
     last_state = result.pop("last_state", None)
     counts = model.param_counts()
     metrics = {
-        **ident, "params_total": counts["total"], "params_by_component": counts,
-        "threads": threads, "threads_why": why, "grid_share": grid_share(), "cpu_numerics": cpu_numerics.describe(),
+        **job.ident, "params_total": counts["total"], "params_by_component": counts, "threads": threads[0],
+        "threads_why": threads[1], "grid_share": grid_share(), "cpu_numerics": cpu_numerics.describe(),
         **{k: v for k, v in result.items() if not k.endswith("_rows")}, "mlflow_run_id": tracker.run_id,
         "flops_per_token": flops_per_token, "flops_trained": flops_per_token * result["tokens_trained"],
-        "budget_flops": tcfg["budget_flops"],
-        "started_at": started_at, "finished_at": finished_at, "load": {"start": load_start, "end": load_end,
-                                                                   "others_cpu_share": others_cpu_share(
-                                                                       cpu_start, cpu_end, finished_at - started_at)},
+        "budget_flops": tcfg["budget_flops"], "started_at": start[0], "finished_at": end[0],
+        "load": {"start": start[1], "end": end[1],
+                 "others_cpu_share": others_cpu_share(start[2], end[2], end[0] - start[0])},
     }
     if not cluster.main:
         return metrics
@@ -242,28 +211,91 @@ def _run(shards: Path, variant: str, seed: int, resolved: dict, experiment: str,
     achieved = flops_per_token * result["tokens_per_s"]
     metrics.update(achieved_flops_per_s=achieved, peak_flops_per_s=peak, peak_source=peak_source,
                    mfu=achieved / (peak * cluster.world) if peak else None)
-    with atomic_path(out) as tmp:
-        tmp.mkdir(parents=True)
-        save_torch({"model_config": cfg.__dict__.copy(), "state_dict": model.state_dict()}, tmp / "model.pt")
-        if last_state is not None:
-            save_torch({"model_config": cfg.__dict__.copy(), "state_dict": last_state}, tmp / LAST_MODEL)
-        (tmp / "train_curve.csv").write_text(csv_text(["step", "tokens", "train_loss", "lr"], result["train_rows"]))
-        (tmp / "val_curve.csv").write_text(csv_text(["step", "tokens", "val_loss"], result["val_rows"]))
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (tmp / "train.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    saved = {"model_config": cfg.__dict__.copy()}
+    write_outputs(job, metrics, {
+        "model.pt": {**saved, "state_dict": model.state_dict()},
+        **({LAST_MODEL: {**saved, "state_dict": last_state}} if last_state is not None else {}),
+        "train_curve.csv": csv_text(["step", "tokens", "train_loss", "lr"], result["train_rows"]),
+        "val_curve.csv": csv_text(["step", "tokens", "val_loss"], result["val_rows"])})
     tracker.log_metrics({k: metrics[k] for k in ("tokens_per_s", "mfu", "padding_ratio", "val_estimate_best")
                          if metrics[k] is not None}, result["steps"])
     for name in ("config.json", "train_curve.csv", "val_curve.csv", "train.json"):
-        tracker.log_artifact(out / name)
+        tracker.log_artifact(job.out / name)
     tracker.end()
     return metrics
 
 
-def write_diverged(out: Path, config: dict, metrics: dict) -> None:
-    """A diverged sweep run's outputs: its config and a train.json that says why, no model."""
-    with atomic_path(out) as tmp:
+def _diverged(job: Job, exc: Exception, cluster) -> dict:
+    """In a learning-rate sweep a rate that diverges is a finding, not a broken pipeline: the run's
+    outputs say so (no model), and the report rules the rate out for this variant."""
+    why = str(exc).splitlines()[0]
+    if cluster.main:
+        write_outputs(job, {**job.ident, "diverged": why})
+        print(f"{run_name(job.variant, job.seed, job.point)}: diverged ({why}); recorded", flush=True)
+    return {**job.ident, "diverged": str(exc)}
+
+
+def _set_up_cpu(job: Job, threads: int, cluster) -> tuple[int, str]:
+    """Set torch's CPU threads (train.threads) and kernels before the first forward; (threads, why)."""
+    threads, why = choose_threads(threads)
+    torch.set_num_threads(threads)
+    cpu_numerics.engage()  # before the first forward: the CPU's matrix products on the pinned kernel
+    if cluster.main:
+        print(f"{job.variant}-{job.seed}: torch CPU threads {why}", flush=True)
+    # Late in training, tiny gradients and Adam moments become denormal floats, which x86 CPUs
+    # process many times slower; flushing them to zero changes no result worth a bit of loss.
+    torch.set_flush_denormal(True)
+    return threads, why
+
+
+def load_data(job: Job, manifest: dict, tcfg: dict) -> trainer.Data:
+    """The run's training and validation data: memory-mapped token files for a language model
+    (shared by every run next to the checkpoints, see batching), else the splits' examples."""
+    lm = manifest["task"] == "language_modeling"
+    cache = job.ckpt_dir.parent / ".token-cache"
+    return trainer.Data(
+        task=manifest["task"], ids={k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")},
+        train=None if lm else load_split(job.shards, manifest, "train"),
+        val=None if lm else load_split(job.shards, manifest, "validation", limit=tcfg["eval_examples"] * 64),
+        batch_tokens=tcfg["batch_tokens"], batch_size=tcfg["batch_size"], context=tcfg["context"], seed=job.seed,
+        train_stream=lm_token_file(job.shards, manifest, "train", cache) if lm else None,
+        val_stream=lm_token_file(job.shards, manifest, "validation", cache) if lm else None,
+        lm_windows=tcfg["lm_windows"])
+
+
+def _run_hash(job: Job, manifest: dict, cluster) -> str:
+    """The hash a checkpoint must carry to be resumed: these settings, data and training code."""
+    key = {"resolved": job.resolved, "seed": job.seed, "tokenizer": manifest["tokenizer_sha256"],
+           "splits": manifest["splits"], "code": source_hash(TRAINING_CODE)}
+    if cluster.world > 1:
+        key["world_size"] = cluster.world  # the plan per step depends on it; single-process hashes unchanged
+    return config_hash(key)
+
+
+def _start_tracker(job: Job, manifest: dict, cluster) -> Tracker:
+    """Rank 0 alone mirrors to MLflow, and only when asked to live: by default the report stage
+    mirrors every run from these files at the end, sparing each run MLflow's ~2 s start-up."""
+    tracker = Tracker(enabled=job.track and cluster.main and live_tracking())
+    if tracker.enabled:  # its tags cost a `git rev-parse`: only when they are sent
+        tracker.start(job.experiment, run_name(job.variant, job.seed, job.point), {
+            "variant": job.variant, "seed": job.seed, "stage": "train", "git_revision": git_revision() or "unknown",
+            "tokenizer_sha256": manifest["tokenizer_sha256"], "data_hash": config_hash(manifest["splits"]),
+            **({"point": point_label(job.point)} if job.point else {}),
+        })
+    tracker.log_params({**job.resolved, "seed": job.seed, "variant": job.variant, **job.point})
+    return tracker
+
+
+def write_outputs(job: Job, metrics: dict, files: dict | None = None) -> None:
+    """The run's outputs as a whole: `files` (name: CSV text or a torch object), config.json and train.json."""
+    with atomic_path(job.out) as tmp:
         tmp.mkdir(parents=True)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name, content in (files or {}).items():
+            if isinstance(content, str):
+                (tmp / name).write_text(content)
+            else:
+                save_torch(content, tmp / name)
+        (tmp / "config.json").write_text(json.dumps({**job.ident, **job.resolved}, indent=2) + "\n")
         (tmp / "train.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
@@ -300,6 +332,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.grid.exit import run_main
+    from pipeline.warm.exit import run_main
 
-    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/grid/exit.py)
+    run_main(main)  # exits at once: no teardown of the imported modules (pipeline/warm/exit.py)

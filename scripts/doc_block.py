@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.atomic import atomic_write_text
+from pipeline.io.atomic import atomic_write_text
 
 
 def replace_block(text: str, block: str, begin: str, end: str, where: str) -> str:

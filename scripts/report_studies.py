@@ -24,6 +24,7 @@ from pathlib import Path
 
 from scipy import stats as sps
 
+from pipeline.deciding.record import read as read_record
 from pipeline.params import read_yaml
 from pipeline.reporting.dvc_files import read_details
 from pipeline.reporting.formatting import arrow, fmt, fmt_p
@@ -68,19 +69,19 @@ def verdict_cell(name: str, s: dict, flagged: set[str]) -> str:
             + (" ⚠ degenerate outputs" if name in flagged else ""))
 
 
-def sequential_cells(record: dict, flagged: set[str]) -> list[str]:
+def sequential_cells(record, flagged: set[str]) -> list[str]:
     """Seeds until decided (decisions.json): each comparison as the report's sequential verdict says
     it, `single_head +0.0246 (99.75% sequential interval [-0.103, 0.153], 20 paired seeds, looks at
     3, 5, 8, 12, 20, undecided at the budget)`; the fixed-n test is not valid after adaptive stopping."""
     from pipeline.reporting.decisions import WORDS, interval_text
 
-    plan, base = record["plan"], record["baseline"]["name"]
+    plan, base = record.plan, record.baseline.name
     cells = []
-    for name, v in sorted(record["variants"].items()):
-        if not v["looks"]:
+    for name, v in sorted(record.variants.items()):
+        if not v.looks:
             continue
-        words = WORDS[v["state"]].format(b=base, m=plan.get("margin")).replace(f" than {base}", "")
-        cells.append(f"{name} {v['looks'][-1]['mean']:+.3g} ({interval_text(v, plan)}, {words})"
+        words = WORDS[v.state].format(b=base, m=plan.margin).replace(f" than {base}", "")
+        cells.append(f"{name} {v.looks[-1].mean:+.3g} ({interval_text(v, plan)}, {words})"
                      + (" ⚠ degenerate outputs" if name in flagged else ""))
     return cells
 
@@ -109,8 +110,8 @@ def study_row(folder: Path, root: Path) -> str:
     primary = metrics.get("primary_metric") or "val_loss"  # reports before the key: val_loss
     flagged = degenerate(folder)
     decisions = folder / "decisions.json"
-    record = json.loads(decisions.read_text()) if decisions.is_file() else {"off": True}
-    if record.get("off"):
+    record = read_record(decisions) if decisions.is_file() else None
+    if record is None:
         ablations = [verdict_cell(name, stats[primary], flagged) for name, stats in variants.items()
                      if name != baseline and (stats.get(primary) or {}).get("delta") is not None]
     else:  # seeds until decided: the sequential verdict is the report's
@@ -120,8 +121,7 @@ def study_row(folder: Path, root: Path) -> str:
     if run_file.exists():
         run = json.loads(run_file.read_text())
         jobs, warm = run.get("jobs", 1), run.get("warm", False)  # older run.json: cold, the launcher's warm starts came later
-        launcher = ("`bash run.sh decide`" if run.get("command", "").startswith("python -m pipeline.deciding")
-                    else "`pipeline.grid`")
+        launcher = "`bash run.sh decide`" if run.get("rounds") else "`pipeline.grid`"
         how = ("`dvc repro`" if jobs == 1 and not warm else
                f"{launcher} {'serial' if jobs == 1 else f'-j {jobs}'}, {'warm' if warm else 'cold'}"
                + (f", {len(run['rounds'])} rounds" if run.get("rounds") else ""))
@@ -129,9 +129,8 @@ def study_row(folder: Path, root: Path) -> str:
     # relative to the page, as a link in it must be
     link = f"[{folder.name}]({Path(os.path.relpath(folder / 'report.md', (root / PAGE).parent)).as_posix()})"
     runs = f"{len(variants)} × {len(params['seeds'])}"
-    if not record.get("off"):  # seeds until decided: the seeds the rounds took, and the runs in all
-        runs = (f"{len(variants)} × {len(params['seeds'])} to {record['plan']['looks'][-1]} "
-                f"({record['runs_spent']} runs)")
+    if record is not None:  # seeds until decided: the seeds the rounds took, and the runs in all
+        runs = f"{len(variants)} × {len(params['seeds'])} to {record.plan.budget} ({record.runs_spent} runs)"
     flag = " ⚠ degenerate outputs" if baseline in flagged else ""
     verdict = f"{primary} {arrow(primary)}: " + "; ".join(ablations) if ablations else "—"
     return (f"| {link} | {runs} | {val_loss} | {main} {arrow(main)} {_summary(variants[baseline].get(main))}{flag} "

@@ -31,7 +31,7 @@ echo "$started $(date +%s.%N)" > "$scratch/clock"
 # adding the seeds open comparisons need to params.yaml); its times are the rounds' summed.
 launcher=pipeline.grid
 python -c "import sys; from pipeline.params import load_params; sys.exit(not load_params('params.yaml').decide.looks)" \
-  && launcher=pipeline.deciding
+  && launcher=pipeline.grid.decide
 # shellcheck disable=SC2086  # STUDY_GRID_ARGS: words
 python -m $launcher -j "${STUDY_JOBS:-auto}" ${STUDY_GRID_ARGS:-} --times "$scratch/stage_times.json" 2>&1 | tee "$scratch/repro.log"
 out=${STUDY_OUT:-$root/reports/studies/$name}

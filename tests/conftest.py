@@ -28,13 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def torch_fused_kernel():
     """CPU attention on torch's fused kernel, as cfg says, not the written-out formula that
     cpu_numerics.engage routes it to: for the tests that compare the two."""
-    from model import attention
+    from model import exact
 
-    routed = "cpu" in attention.WRITTEN_OUT_ON
-    attention.WRITTEN_OUT_ON.discard("cpu")
+    routed = "cpu" in exact.WRITTEN_OUT_ON
+    exact.WRITTEN_OUT_ON.discard("cpu")
     yield
     if routed:
-        attention.WRITTEN_OUT_ON.add("cpu")
+        exact.WRITTEN_OUT_ON.add("cpu")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -84,7 +84,7 @@ def _private_hub(tmp_path_factory):
 
 @pytest.fixture(autouse=True, scope="session")
 def _cold_stages():
-    """A `dvc repro` a test runs starts no warm server of its own (pipeline/grid/auto.py): dozens of
+    """A `dvc repro` a test runs starts no warm server of its own (pipeline/warm/auto.py): dozens of
     small studies would each import torch and the rest once more beside the suite. The warm path
     is tested where it is the subject: tests/test_warm_auto.py (plain `dvc repro`, against cold)
     and tests/test_warm.py (the launcher's)."""

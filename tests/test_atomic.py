@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.atomic import DiskFull, atomic_path, atomic_write_json, atomic_write_text, disk_full
+from pipeline.io.atomic import DiskFull, atomic_path, atomic_write_json, atomic_write_text, disk_full
 from pipeline.training.checkpoint import save_torch
 
 

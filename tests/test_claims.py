@@ -14,6 +14,7 @@ from pipeline.reporting.claims import (AGREE, CANNOT, CONTRADICT, NOT_COMPARABLE
                                        read_claim)
 from pipeline.reporting.inputs import ReportInputError, Run
 from pipeline.reporting.results import compute_results
+from pipeline.reporting.study import Study, read_inputs
 from tests.committed import DEFAULT_PARAMS
 from tests.fixtures.report.fake_runs import make_project
 
@@ -82,9 +83,9 @@ def test_under_seeds_until_decided_the_sequential_verdict_checks_the_claim(study
     decided = sequential(study, [3], 0.3)
     r = read_claim(claim(read="delta", variant=variant, metric="val_loss", expect=expect), results, runs, SEEDS,
                    "baseline", filt, decided)
-    look = decided["variants"][variant]["looks"][-1]
+    look = decided.variants[variant].looks[-1]
     assert r["status"] == status and "sequential" in r["reason"] and "sequential interval" in r["ours"]
-    assert (r["mean"], r["low"], r["high"]) == (look["mean"], look["lo"], look["hi"])
+    assert (r["mean"], r["low"], r["high"]) == (look.mean, look.lo, look.hi)
     fixed = check(study, read="delta", variant=variant, metric="val_loss", expect=expect)
     assert r["high"] - r["low"] > fixed["high"] - fixed["low"]  # the study's level is stricter than 95%
 
@@ -97,8 +98,8 @@ def test_an_open_comparison_is_undecided_and_other_metrics_keep_the_fixed_test(s
     assert r["status"] == UNDECIDED and "not decided yet" in r["reason"]
     ratio = read_claim(claim(read="ppl_ratio", variant="worse", expect="higher"), results, runs, SEEDS, "baseline",
                        filt, decided)
-    assert ratio["status"] == AGREE and ratio["mean"] == pytest.approx(math.exp(decided["variants"]["worse"]
-                                                                                  ["looks"][-1]["mean"]))
+    assert ratio["status"] == AGREE
+    assert ratio["mean"] == pytest.approx(math.exp(decided.variants["worse"].looks[-1].mean))
     other = read_claim(claim(read="delta", variant="worse", metric="test_loss", expect="worse"), results, runs, SEEDS,
                        "baseline", filt, decided)
     fixed = check(study, read="delta", variant="worse", metric="test_loss", expect="worse")
@@ -329,7 +330,8 @@ def test_the_section_opens_the_body_after_the_verdict(tmp_path):
               claim(claim="one head degrades", read="delta", variant="single_head", metric="val_loss", expect="worse",
                     comparable=False, why="the seed's table is placeholders")]
     out = tmp_path / "reports"
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, out, seed_claims=claims)
+    render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline",
+                                    seed_claims=claims)), out)
     md = (out / "report.md").read_text(encoding="utf-8")
     assert md.index("## Verdict") < md.index("## Seed's claims") < md.index("## Setup")
     rows = [line for line in md.splitlines() if line.startswith("| it hurts") or line.startswith("| one head")]
@@ -347,7 +349,7 @@ def test_default_params_give_no_section(tmp_path):
     assert claims_blocks([], None, {}, [], "baseline", None) == []
     p = make_project(tmp_path)
     out = tmp_path / "reports"
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, out)
+    render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline")), out)
     assert "Seed's claims" not in (out / "report.md").read_text(encoding="utf-8")
     assert "seed_claims" not in json.loads((out / "details.json").read_text())
 

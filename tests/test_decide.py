@@ -1,4 +1,5 @@
-"""Seeds until decided, the DVC side: params.yaml's decide block, the loop's params edit, the report's record."""
+"""Seeds until decided, the DVC side: params.yaml's decide block, the loop's params edit, the report's record
+(typed, pipeline.deciding.record: what reports/decisions.json holds, byte for byte)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.deciding.loop import add_runs, added_runs, with_runs
+from pipeline.deciding.record import Baseline, Comparison, Record
+from pipeline.deciding.rule import Decision, Plan
+from pipeline.grid.decide import add_runs, with_runs
 from pipeline.params import ParamsError, load_params
+from tests.committed import ROOT
 
 PARAMS = """\
 # a comment the loop must keep
@@ -37,24 +41,23 @@ def write(tmp_path: Path, text: str = PARAMS) -> Path:
 
 def test_the_edit_adds_runs_and_keeps_every_other_line(tmp_path):
     path = write(tmp_path)
-    add_runs(path, {"single_head-3": {"variant": "single_head", "seed": 3},
-                    "baseline-3": {"variant": "baseline", "seed": 3}})
+    add_runs(path, [("single_head", 3), ("baseline", 3)])
     text = path.read_text()
     assert yaml.safe_load(text)["decide"]["runs"] == {"baseline-3": {"variant": "baseline", "seed": 3},
                                                       "single_head-3": {"variant": "single_head", "seed": 3}}
     kept = [line for line in PARAMS.splitlines() if "runs:" not in line]
     assert all(line in text.splitlines() for line in kept)
-    add_runs(path, {"single_head-4": {"variant": "single_head", "seed": 4}})  # a second round adds, keeps the first
+    add_runs(path, [("single_head", 4)])  # a second round adds, keeps the first
     runs = load_params(path).decide.runs
     assert sorted(runs) == ["baseline-3", "single_head-3", "single_head-4"]
     again = path.read_text()
-    add_runs(path, {})
+    add_runs(path, [])
     assert path.read_text() == again  # nothing to add: the same bytes
 
 
 def test_the_edit_appends_runs_to_a_decide_block_without_them(tmp_path):
     text = PARAMS.replace("  runs: {}  # written by the loop\n", "")
-    out = with_runs(text, {"baseline-3": {"variant": "baseline", "seed": 3}})
+    out = with_runs(text, [("baseline", 3)])
     assert yaml.safe_load(out)["decide"]["runs"] == {"baseline-3": {"variant": "baseline", "seed": 3}}
     assert yaml.safe_load(out)["knockout"] == {"seeds": "all"}
 
@@ -63,7 +66,7 @@ def test_a_run_the_schema_refuses_never_reaches_params_yaml(tmp_path):
     path = write(tmp_path)
     before = path.read_text()
     with pytest.raises(ParamsError, match="decide.runs"):
-        add_runs(path, {"nope-3": {"variant": "nope", "seed": 3}})
+        add_runs(path, [("nope", 3)])
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["params.yaml"]  # no temp file left
 
@@ -93,26 +96,54 @@ def test_runs_left_with_the_study_off_are_refused(tmp_path):
 
 
 def test_the_rounds_times_add_up_stage_by_stage():
-    from pipeline.deciding.loop import summed_times
+    from pipeline.grid.decide import summed_times
     one = {"command": "python -m pipeline.grid -j 2", "jobs": 2, "warm": True, "total_s": 10.0,
            "before_first_stage_s": 1.5, "stages": {"train@baseline": 6.0, "report": 1.0},
            "families": {"train": 6.0, "report": 1.0}, "retries": 0}
     two = {**one, "total_s": 4.25, "before_first_stage_s": 0.5, "stages": {"train_more@baseline-3": 2.5, "report": 1.25},
            "families": {"train_more": 2.5, "report": 1.25}, "retries": 1}
-    out = summed_times([one, two], "python -m pipeline.deciding -j 2")
+    out = summed_times([one, two], "python -m pipeline.grid.decide -j 2")
     assert out["total_s"] == 14.25 and out["before_first_stage_s"] == 1.5 and out["retries"] == 1
     assert out["stages"] == {"train@baseline": 6.0, "report": 2.25, "train_more@baseline-3": 2.5}
     assert out["families"] == {"train": 6.0, "report": 2.25, "train_more": 2.5}
     assert out["rounds"] == [{"total_s": 10.0, "stages": 2}, {"total_s": 4.25, "stages": 2}]
 
 
+def comparison(state: str, looks=(), needs=()) -> Comparison:
+    """A comparison as a record holds it, with only what the test reads: (n, mean, lo, hi) per look."""
+    verdicts = [state if i == len(looks) - 1 else "continue" for i in range(len(looks))]
+    return Comparison([Decision(*look, verdict) for look, verdict in zip(looks, verdicts)], state, None, list(needs),
+                      len(looks), None, None, None)
+
+
+def a_record(plan: Plan, variants: dict[str, Comparison], needs=()) -> Record:
+    return Record(plan, False, list(range(plan.budget)), Baseline("baseline", 3, list(needs), None), variants,
+                  "val_loss", None)
+
+
 def test_the_next_round_is_what_the_record_asks_for():
-    record = {"baseline": {"name": "baseline", "needs": [3, 4]},
-              "variants": {"single_head": {"needs": [3, 4]}, "no_residual": {"needs": []}}}
-    assert added_runs(record) == {"baseline-3": {"variant": "baseline", "seed": 3},
-                                  "baseline-4": {"variant": "baseline", "seed": 4},
-                                  "single_head-3": {"variant": "single_head", "seed": 3},
-                                  "single_head-4": {"variant": "single_head", "seed": 4}}
+    record = a_record(Plan((3, 5), 0.05, None, 2), {"single_head": comparison("continue", needs=[3, 4]),
+                                                     "no_residual": comparison("worse")}, needs=[3, 4])
+    assert record.next_runs() == [("baseline", 3), ("baseline", 4), ("single_head", 3), ("single_head", 4)]
+
+
+def test_the_committed_records_read_back_as_written():
+    """Every committed decisions.json is read by the typed record; one of today's shape is written
+    back byte for byte, an older one (before per-seed values and fingerprints) keeps its numbers."""
+    import json
+
+    from pipeline.deciding.record import read
+
+    files = sorted((ROOT / "reports").glob("**/decisions.json"))
+    assert any(read(f) is None for f in files)  # decide off: {"off": true}
+    current = [f for f in files if "fingerprint" in f.read_text()]
+    assert current
+    for f in current:
+        assert json.dumps(read(f).to_json(), indent=2) + "\n" == f.read_text(), f
+    for f in files:
+        data, record = json.loads(f.read_text()), read(f)
+        if record is not None:
+            assert (record.runs_spent, record.done) == (data["runs_spent"], data["done"]), f
 
 
 def test_the_default_params_have_the_study_off():
@@ -135,10 +166,10 @@ def test_the_reports_record_decides_from_the_runs_eval_files():
                      "single_head": [1.01, 1.08, 0.93]})
     rec = record(runs, ["baseline", "no_residual", "single_head"], [0, 1, 2], "baseline", "val_loss",
                  [3, 5, 8], 0.05, None)
-    assert rec["variants"]["no_residual"]["state"] == "worse" and rec["variants"]["no_residual"]["needs"] == []
-    assert rec["variants"]["single_head"]["state"] == "continue" and rec["variants"]["single_head"]["needs"] == [3, 4]
-    assert rec["baseline"]["needs"] == [3, 4] and not rec["done"]
-    assert (rec["runs_spent"], rec["fixed_design_runs"]) == (9, 24)
+    assert rec.variants["no_residual"].state == "worse" and rec.variants["no_residual"].needs == []
+    assert rec.variants["single_head"].state == "continue" and rec.variants["single_head"].needs == [3, 4]
+    assert rec.baseline.needs == [3, 4] and not rec.done
+    assert (rec.runs_spent, rec.fixed_design_runs) == (9, 24)
     text = to_markdown("t", decision_blocks(rec))
     assert "Seeds until decided" in text and "not valid after adaptive stopping" in text
     assert "| no_residual | 3 | 3 |" in text
@@ -166,7 +197,7 @@ def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tm
     params = tiny_params(seeds=[0, 1], decide={"looks": [2, 3, 4], "alpha": 0.05, "margin": None, "runs": {}},
                          knockout={"seeds": "all", "parts": ["heads"], "max_loss_tokens": 64})
     write_params(project, params)
-    loop = [sys.executable, "-m", "pipeline.deciding", "-j", "1"]
+    loop = [sys.executable, "-m", "pipeline.grid.decide", "-j", "1"]
     proc = subprocess.Popen(loop, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     deadline = time.monotonic() + 600
@@ -194,7 +225,7 @@ def test_the_loop_runs_rounds_through_dvc_and_resumes_after_a_kill(tiny_repo, tm
         assert rec["runs"] == 2 + len(extra) and (rec["state"] != "undecided" or rec["runs"] == 4)
     assert "Seeds until decided" in (project / "reports/report.md").read_text()
     summed = json.loads(times.read_text())
-    assert summed["command"] == "python -m pipeline.deciding -j 1" and summed["rounds"]
+    assert summed["command"] == "python -m pipeline.grid.decide -j 1" and summed["rounds"]
     assert summed["total_s"] == pytest.approx(sum(r["total_s"] for r in summed["rounds"]), abs=0.05)
     assert summed["stages"] and summed["families"]["report"] > 0
     knocked = project / "data/eval/knockout"  # knock-outs follow the baseline's added seeds, not a variant's
@@ -212,12 +243,9 @@ def test_the_verdict_and_the_setup_follow_the_sequential_record():
     from pipeline.reporting.render import to_markdown
     from pipeline.reporting.tables import setup_blocks
 
-    rec = {"plan": {"looks": [3, 5], "alpha": 0.05, "margin": 0.1, "comparisons": 2, "level": 0.9875},
-           "metric": "val_loss",
-           "baseline": {"name": "baseline"},
-           "variants": {"a": {"state": "worse", "looks": [{"n": 3, "mean": 1.0, "lo": 0.5, "hi": 1.5}]},
-                        "b": {"state": "equivalent", "looks": [{"n": 3, "mean": 0.0, "lo": -0.3, "hi": 0.3},
-                                                                {"n": 5, "mean": 0.01, "lo": -0.05, "hi": 0.07}]}}}
+    rec = a_record(Plan((3, 5), 0.05, 0.1, 2), {"a": comparison("worse", [(3, 1.0, 0.5, 1.5)]),
+                                                 "b": comparison("equivalent", [(3, 0.0, -0.3, 0.3),
+                                                                                (5, 0.01, -0.05, 0.07)])})
     text = to_markdown("t", verdict_blocks(rec))
     assert "a: val_loss ↓ Δ +1 (98.75% sequential interval [0.5, 1.5], 3 paired seeds, looks at 3): worse than baseline" in text
     assert "looks at 3, 5): equivalent to baseline (inside ±0.1)" in text
@@ -247,9 +275,8 @@ def test_the_delta_figure_draws_the_sequential_intervals(tmp_path, monkeypatch):
     fixed = Delta(5, 0.02, 0.01, 0.01, "worse")  # what a fixed-n test over every seed would say
     results = Results(primary="val_loss", main_metric="bleu", metrics=["val_loss", "bleu"], summaries={},
                       deltas={"b": {"val_loss": fixed, "bleu": fixed}})
-    rec = {"plan": {"looks": [3, 5], "alpha": 0.05, "margin": 0.1, "comparisons": 1, "level": 0.975},
-           "metric": "val_loss", "variants": {"b": {"state": "equivalent", "looks": [
-               {"n": 3, "mean": 0.0, "lo": -0.3, "hi": 0.3}, {"n": 5, "mean": 0.01, "lo": -0.05, "hi": 0.07}]}}}
+    rec = a_record(Plan((3, 5), 0.05, 0.1, 1), {"b": comparison("equivalent", [(3, 0.0, -0.3, 0.3),
+                                                                               (5, 0.01, -0.05, 0.07)])})
     [fig] = figures.delta_blocks(results, "baseline", {}, tmp_path, rec)
     (primary, _, seq), (secondary, _, kept) = drawn["panels"]
     assert primary == "val_loss" and seq["b"] == Delta(5, 0.01, pytest.approx(0.06), None, "equivalent (n=5)")
@@ -260,44 +287,39 @@ def test_the_delta_figure_draws_the_sequential_intervals(tmp_path, monkeypatch):
 def test_the_record_holds_the_values_every_look_is_recomputed_from():
     """decisions.json's per-seed values give back each look's interval and verdict (GPU issue #61:
     from a 4-digit table a look once recomputed to another verdict)."""
-    from pipeline.deciding.rule import Plan, decide
+    from pipeline.deciding.rule import decide
     from pipeline.reporting.decisions import record
     from pipeline.reporting.inputs import Run
 
     values = {"baseline": [1.0, 1.1, 0.9, 1.05, 0.97], "single_head": [1.01, 1.08, 0.93, 1.2, 1.0]}
     runs = {(v, s): Run(v, s, eval={"val_loss": x}) for v, xs in values.items() for s, x in enumerate(xs)}
     rec = record(runs, ["baseline", "single_head"], [0, 1, 2], "baseline", "val_loss", [3, 5], 0.05, None)
-    base, mine = rec["baseline"]["values"], rec["variants"]["single_head"]["values"]
-    diffs = [mine[str(s)] - base[str(s)] for s in rec["seed_order"] if str(s) in mine and str(s) in base]
-    assert diffs == rec["variants"]["single_head"]["diffs"]
+    base, mine = rec.baseline.values, rec.variants["single_head"].values
+    diffs = [mine[s] - base[s] for s in rec.seed_order if s in mine and s in base]
+    assert diffs == rec.variants["single_head"].diffs
     plan = Plan((3, 5), 0.05, None, 1)
-    for k, look in enumerate(rec["variants"]["single_head"]["looks"]):
-        again = decide(diffs, plan, k)
-        assert (again.n, again.lo, again.hi, again.verdict) == (look["n"], look["lo"], look["hi"], look["verdict"])
+    for k, look in enumerate(rec.variants["single_head"].looks):
+        assert decide(diffs, plan, k) == look
 
 
 def test_a_changed_plan_between_rounds_is_refused_in_one_line(tmp_path):
-    import json
-
-    from pipeline.deciding.loop import changed_plan, fingerprint
+    from pipeline.grid.decide import changed_plan, fingerprint
 
     path = write(tmp_path, PARAMS.replace("runs: {}", "runs: {single_head-3: {variant: single_head, seed: 3}}"))
-    record = tmp_path / "decisions.json"
-    record.write_text(json.dumps({"fingerprint": fingerprint(load_params(path)), "done": False}))
-    assert changed_plan(load_params(path), record) is None  # the same plan: go on
+    was = fingerprint(load_params(path))
+    assert changed_plan(load_params(path), was) is None  # the same plan: go on
     for old, new in (("alpha: 0.05", "alpha: 0.1"), ("looks: [3, 5, 8]", "looks: [3, 5]"),
                      ("margin: 0.05", "margin: 0.02"), ("seeds: [0, 1, 2]", "seeds: [2, 1, 0]"),
                      ("  no_residual: {model: {residual: false}}\n", "")):
         edited = write(tmp_path, path.read_text().replace(old, new))
-        why = changed_plan(load_params(edited), record)
+        why = changed_plan(load_params(edited), was)
         assert why is not None and "\n" not in why and "--restart" in why, old
         write(tmp_path, edited.read_text().replace(new, old) if new else PARAMS.replace(
             "runs: {}", "runs: {single_head-3: {variant: single_head, seed: 3}}"))
     fresh = write(tmp_path, PARAMS.replace("alpha: 0.05", "alpha: 0.1"))  # no runs added yet: a new study
-    assert changed_plan(load_params(fresh), record) is None
-    record.write_text(json.dumps({"off": True}))  # another study's report
-    assert changed_plan(load_params(write(tmp_path, path.read_text().replace("alpha: 0.05", "alpha: 0.1"))),
-                        record) is None
+    assert changed_plan(load_params(fresh), was) is None
+    edited = write(tmp_path, path.read_text().replace("alpha: 0.05", "alpha: 0.1"))
+    assert changed_plan(load_params(edited), None) is None  # no record of a plan (decide was off)
 
 
 def test_the_shape_check_names_a_skew_from_late_seeds_and_passes_normal_draws():

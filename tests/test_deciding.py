@@ -1,5 +1,5 @@
 """pipeline.deciding: the sequential rule's error rate by simulation (and naive peeking's, which must
-fail the same check), the rule against scipy, and the round logic over plain dicts."""
+fail the same check), the rule against scipy, and the round logic."""
 import json
 import math
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pipeline.deciding.rounds import fixed_design_runs, runs_spent, seed_order, step
+from pipeline.deciding.rounds import seed_order, step
 from pipeline.deciding.rule import INSIDE_MARGIN, ZERO_VARIANCE, Plan, decide, decide_all
 
 LOOKS = (3, 5, 8, 12, 20)
@@ -237,19 +237,24 @@ def shifted(seeds, shift) -> dict:
     return {s: 2.0 + 0.01 * s + shift(s) for s in seeds}
 
 
+def study(results, plan, seeds, higher_is_better, *, baseline):
+    """rounds.step with the metric and fingerprint the report stage gives it (not what these tests check)."""
+    return step(results, plan, seeds, higher_is_better, baseline=baseline, metric="val_loss", fingerprint=None)
+
+
 def test_only_open_comparisons_get_seeds_and_the_baseline_gets_theirs():
     results = {
         "baseline": base([0, 1, 2]),
         "clear": shifted([0, 1, 2], lambda s: 4.0 + 0.001 * s),  # decided at the first look
         "close": shifted([0, 1, 2], lambda s: NOISE[s]),
     }
-    rec = step(results, PLAN, [0, 1, 2], False, baseline="baseline")
-    clear, close = rec["variants"]["clear"], rec["variants"]["close"]
-    assert clear["state"] == "worse" and clear["needs"] == [] and clear["next_look"] is None
-    assert [look["n"] for look in clear["looks"]] == [3]
-    assert close["state"] == "continue" and close["next_look"] == 5 and close["needs"] == [3, 4]
-    assert rec["baseline"]["needs"] == [3, 4] and rec["done"] is False
-    assert rec["seed_order"] == list(range(8))
+    rec = study(results, PLAN, [0, 1, 2], False, baseline="baseline")
+    clear, close = rec.variants["clear"], rec.variants["close"]
+    assert clear.state == "worse" and clear.needs == [] and clear.next_look is None
+    assert [look.n for look in clear.looks] == [3]
+    assert close.state == "continue" and close.next_look == 5 and close.needs == [3, 4]
+    assert rec.baseline.needs == [3, 4] and rec.done is False
+    assert rec.seed_order == list(range(8))
 
 
 def test_the_baseline_needs_the_union_of_the_open_variants_next_looks():
@@ -258,10 +263,10 @@ def test_the_baseline_needs_the_union_of_the_open_variants_next_looks():
         "a": shifted(range(3), lambda s: NOISE[s]),  # at look 1 (3 seeds): next look 5 seeds
         "b": shifted(range(5), lambda s: NOISE[s]),  # at look 2 (5 seeds): next look 8 seeds
     }
-    rec = step(results, PLAN, [0, 1, 2], False, baseline="baseline")
-    assert rec["variants"]["a"]["needs"] == [3, 4]
-    assert rec["variants"]["b"]["needs"] == [5, 6, 7]
-    assert rec["baseline"]["needs"] == [5, 6, 7]  # it has 3 and 4: never rerun
+    rec = study(results, PLAN, [0, 1, 2], False, baseline="baseline")
+    assert rec.variants["a"].needs == [3, 4]
+    assert rec.variants["b"].needs == [5, 6, 7]
+    assert rec.baseline.needs == [5, 6, 7]  # it has 3 and 4: never rerun
 
 
 def test_a_decided_comparison_stays_decided_whatever_its_later_seeds():
@@ -271,32 +276,32 @@ def test_a_decided_comparison_stays_decided_whatever_its_later_seeds():
         "x": shifted(range(8), lambda s: 3.0 + 0.01 * s if s < 3 else -3.0 + 0.1 * s),
         "y": shifted(range(8), lambda s: NOISE[s]),
     }
-    rec = step(results, PLAN, [0, 1, 2], False, baseline="baseline")
-    x = rec["variants"]["x"]
-    assert [look["verdict"] for look in x["looks"]] == ["worse"] and x["needs"] == []
+    rec = study(results, PLAN, [0, 1, 2], False, baseline="baseline")
+    x = rec.variants["x"]
+    assert [look.verdict for look in x.looks] == ["worse"] and x.needs == []
 
 
 def test_the_budget_ends_in_undecided_with_no_seeds_asked():
     results = {"baseline": base(range(8)), "y": shifted(range(8), lambda s: NOISE[s]),
                "z": shifted(range(8), lambda s: NOISE[s + 1])}
-    rec = step(results, PLAN, [0, 1, 2], False, baseline="baseline")
+    rec = study(results, PLAN, [0, 1, 2], False, baseline="baseline")
     for v in ("y", "z"):
-        assert [look["verdict"] for look in rec["variants"][v]["looks"]] == ["continue", "continue", "undecided"]
-        assert rec["variants"][v]["state"] == "undecided" and rec["variants"][v]["needs"] == []
-    assert rec["baseline"]["needs"] == [] and rec["done"] is True
-    assert runs_spent(rec) == fixed_design_runs(PLAN, 2) == 24
+        assert [look.verdict for look in rec.variants[v].looks] == ["continue", "continue", "undecided"]
+        assert rec.variants[v].state == "undecided" and rec.variants[v].needs == []
+    assert rec.baseline.needs == [] and rec.done is True
+    assert rec.runs_spent == rec.fixed_design_runs == 24
 
 
 def test_the_margin_gives_equivalent_and_stops_the_seeds():
     plan = Plan((3, 5, 8), ALPHA, 1.0, 2)
     results = {"baseline": base(range(5)), "tiny": shifted(range(5), lambda s: 0.01 * NOISE[s]),
                "clear": shifted(range(3), lambda s: 5.0 + 0.01 * s)}
-    rec = step(results, plan, [0, 1, 2], False, baseline="baseline")
-    assert rec["variants"]["tiny"]["state"] == "equivalent" and rec["variants"]["tiny"]["needs"] == []
-    assert rec["baseline"]["needs"] == [] and rec["done"] is True
-    assert runs_spent(rec) == 5 + 5 + 3 < fixed_design_runs(plan, 2) == 24
-    without = step(results, Plan((3, 5, 8), ALPHA, None, 2), [0, 1, 2], False, baseline="baseline")
-    assert without["variants"]["tiny"]["state"] == "continue"  # no margin: only a sign decides
+    rec = study(results, plan, [0, 1, 2], False, baseline="baseline")
+    assert rec.variants["tiny"].state == "equivalent" and rec.variants["tiny"].needs == []
+    assert rec.baseline.needs == [] and rec.done is True
+    assert rec.runs_spent == 5 + 5 + 3 < rec.fixed_design_runs == 24
+    without = study(results, Plan((3, 5, 8), ALPHA, None, 2), [0, 1, 2], False, baseline="baseline")
+    assert without.variants["tiny"].state == "continue"  # no margin: only a sign decides
 
 
 def test_unpaired_seeds_are_not_used():
@@ -307,13 +312,13 @@ def test_unpaired_seeds_are_not_used():
         "w": shifted([7, 3], lambda s: NOISE[s]),  # lacks seed 8 the baseline has
     }
     plan = Plan((3, 5), ALPHA, None, 2)
-    rec = step(results, plan, [7, 3], False, baseline="baseline")
-    v, w = rec["variants"]["v"], rec["variants"]["w"]
-    assert [look["n"] for look in v["looks"]] == [3] and v["needs"] == [9] and v["runs"] == 4
-    assert w["looks"] == [] and w["state"] == "continue" and w["next_look"] == 3 and w["needs"] == [8]
-    assert rec["baseline"]["needs"] == [10]  # v has 10 and needs its pair; 9 the baseline has
+    rec = study(results, plan, [7, 3], False, baseline="baseline")
+    v, w = rec.variants["v"], rec.variants["w"]
+    assert [look.n for look in v.looks] == [3] and v.needs == [9] and v.runs == 4
+    assert w.looks == [] and w.state == "continue" and w.next_look == 3 and w.needs == [8]
+    assert rec.baseline.needs == [10]  # v has 10 and needs its pair; 9 the baseline has
     d = [results["v"][s] - results["baseline"][s] for s in (7, 3, 8)]
-    assert v["looks"][0]["mean"] == pytest.approx(np.mean(d))
+    assert v.looks[0].mean == pytest.approx(np.mean(d))
 
 
 def test_step_is_the_rule_run_over_the_whole_study():
@@ -323,39 +328,40 @@ def test_step_is_the_rule_run_over_the_whole_study():
         b = rng.normal(3.0, 0.3, size=12)
         diffs = rng.normal([[0.0], [0.3], [1.0]], 0.4, size=(3, 12))
         results = {"base": dict(enumerate(b))} | {f"v{j}": dict(enumerate(b + diffs[j])) for j in range(3)}
-        rec = step(results, plan, [0], True, baseline="base")
+        rec = study(results, plan, [0], True, baseline="base")
         trace = decide_all(diffs, plan, True)
         for j in range(3):
-            looks = rec["variants"][f"v{j}"]["looks"]
+            looks = rec.variants[f"v{j}"].looks
             assert len(looks) == trace.stop[j] + 1
-            assert [look["verdict"] for look in looks] == list(trace.verdict[j, : len(looks)])
-            assert [look["lo"] for look in looks] == pytest.approx(list(trace.lo[j, : len(looks)]))
+            assert [look.verdict for look in looks] == list(trace.verdict[j, : len(looks)])
+            assert [look.lo for look in looks] == pytest.approx(list(trace.lo[j, : len(looks)]))
 
 
 def test_record_is_json_and_deterministic():
     results = {"close": shifted([2, 0, 1], lambda s: NOISE[s]), "baseline": base([0, 1, 2]),
                "clear": shifted([0, 1, 2], lambda s: 4.0 + 0.001 * s)}
-    rec = step(results, PLAN, [0, 1, 2], False, baseline="baseline")
-    assert json.loads(json.dumps(rec)) == rec
+    rec = study(results, PLAN, [0, 1, 2], False, baseline="baseline")
+    assert json.loads(json.dumps(rec.to_json())) == rec.to_json()
     reordered = {k: dict(reversed(list(results[k].items()))) for k in reversed(list(results))}
-    assert json.dumps(step(reordered, PLAN, [0, 1, 2], False, baseline="baseline")) == json.dumps(rec)
-    assert list(rec["variants"]) == ["clear", "close"]
+    again = study(reordered, PLAN, [0, 1, 2], False, baseline="baseline")
+    assert json.dumps(again.to_json()) == json.dumps(rec.to_json())
+    assert list(rec.variants) == ["clear", "close"]
 
 
 def test_step_checks_the_baseline_and_the_number_of_comparisons():
     with pytest.raises(ValueError, match="baseline"):
-        step({"a": {}, "b": {}}, PLAN, [0], False, baseline="baseline")
+        study({"a": {}, "b": {}}, PLAN, [0], False, baseline="baseline")
     with pytest.raises(ValueError, match="comparisons"):
-        step({"baseline": {}, "a": {}}, PLAN, [0], False, baseline="baseline")
+        study({"baseline": {}, "a": {}}, PLAN, [0], False, baseline="baseline")
     with pytest.raises(ValueError, match="^b: "):
-        step({"baseline": base([0, 1, 2]), "a": base([0, 1, 2]), "b": {0: 1.0, 1: math.nan, 2: 1.0}},
+        study({"baseline": base([0, 1, 2]), "a": base([0, 1, 2]), "b": {0: 1.0, 1: math.nan, 2: 1.0}},
              PLAN, [0], False, baseline="baseline")
 
 
 def test_a_study_before_its_first_runs_asks_for_the_first_look():
-    rec = step({"baseline": {}, "a": {}, "b": {}}, PLAN, [5], False, baseline="baseline")
-    assert rec["variants"]["a"]["needs"] == [5, 6, 7] and rec["baseline"]["needs"] == [5, 6, 7]
-    assert runs_spent(rec) == 0
+    rec = study({"baseline": {}, "a": {}, "b": {}}, PLAN, [5], False, baseline="baseline")
+    assert rec.variants["a"].needs == [5, 6, 7] and rec.baseline.needs == [5, 6, 7]
+    assert rec.runs_spent == 0
 
 
 def skewed(rng, shape: tuple, centre: str, rare: float = 0.05, jump: float = 10.0) -> np.ndarray:

@@ -182,7 +182,7 @@ def test_max_rows_stops_before_a_damaged_tail(tmp_path):
 
 
 def test_reading_shows_progress_in_bytes_of_the_files(tmp_path, monkeypatch, capsys):
-    from pipeline.progress import Progress
+    from pipeline.io.progress import Progress
     from pipeline.sources import local
 
     class Every(Progress):  # a log line at every update instead of every 10 s

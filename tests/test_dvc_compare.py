@@ -14,6 +14,7 @@ from pipeline.report import render_report
 from pipeline.reporting.dvc_files import metrics_summary
 from pipeline.reporting.inputs import Run
 from pipeline.reporting.results import compute_results
+from pipeline.reporting.study import Study, read_inputs
 from tests.committed import default_params
 from tests.fixtures.report.fake_runs import make_project
 from tests.tiny_project import ROOT, copy_project, sh
@@ -84,7 +85,7 @@ def default_metrics(params: dict) -> dict:
 def test_metrics_json_holds_the_verdicts_numbers_and_details_json_the_rest(tmp_path):
     p = make_project(tmp_path)
     out = tmp_path / "reports"
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, out)
+    render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline")), out)
     metrics, details = (json.loads((out / name).read_text()) for name in ("metrics.json", "details.json"))
     primary, task = details["primary_metric"], details["main_metric"]
     assert metrics["primary_metric"] == primary == "val_loss" and task == "rougeL"

@@ -18,6 +18,7 @@ from pipeline.params import Params, ParamsError, load_params
 from pipeline.report import render_report
 from pipeline.reporting.inputs import Run
 from pipeline.reporting.loss_budget import loss_budget_blocks
+from pipeline.reporting.study import Study, read_inputs
 from pipeline.training import trainer
 from pipeline.training.batching import Split, load_split, read_manifest
 from tests.fixtures.report.fake_runs import make_project
@@ -249,6 +250,6 @@ def test_report_shows_the_loss_budget_note(tmp_path):
         record = json.loads(path.read_text())
         path.write_text(json.dumps({**record, "loss_tokens": capped_record(1000 if i else 900)}))
     out = tmp_path / "reports"
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, out)
+    render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline")), out)
     for name in ("report.md", "report.html"):
         assert NOTE in (out / name).read_text(encoding="utf-8").replace("&#x27;", "'")

@@ -1,5 +1,5 @@
-"""docs/gpu.md and the README's line on it, against the committed files they cite (issue #52: figures
-that had drifted from their files). The page's figure tables give, for each figure, its id, value,
+"""docs/gpu.md and the README's line on it, against the committed files they cite, so that no figure
+drifts from its file. The page's figure tables give, for each figure, its id, value,
 file and where in that file (a JSON key path, or a line of a log or report quoted as it stands);
 every such value must be what the file holds, at the precision shown, and a yes/no under a target
 must follow from the file's value. In the page's measured sections (everything above "Running
@@ -281,10 +281,10 @@ def test_a_changed_figure_of_the_page_is_found(old, new):
 
 @pytest.mark.parametrize("old, new", [
     ("87.0 s cold", "83.0 s cold"),  # 83.0 s is a figure of run 9, not run 10
-    ("MFU 0.4405 ([run 10]", "MFU 0.47 ([run 10]"),  # 2 decimals: a figure by the link after it
-    ("1.4632 ([run 8](reports/gpu/h200_run8_spread.json)",
-     "1.4632 ([run 10](reports/gpu/h200_run10_all_parts.json)"),  # the right figure, another run's file
-    ("0.4405 ([run 10](reports/gpu/h200_run10_all_parts.json))", "0.4405"),  # its file's link gone
+    ("MFU 0.4405 ([benchmark]", "MFU 0.47 ([benchmark]"),  # 2 decimals: a figure by the link after it
+    ("1.4632 ([spread](reports/gpu/h200_run8_spread.json)",
+     "1.4632 ([spread](reports/gpu/h200_run10_all_parts.json)"),  # the right figure, another run's file
+    ("0.4405 ([benchmark](reports/gpu/h200_run10_all_parts.json))", "0.4405"),  # its file's link gone
 ])
 def test_a_changed_figure_of_the_readme_line_is_found(old, new):
     readme = README.read_text(encoding="utf-8")

@@ -206,6 +206,24 @@ def test_a_failing_stage_fails_the_command_with_its_own_message_and_the_others_f
     assert set(json.loads(sh(["dvc", "status", "--json"], project, env).stdout)) == {"evaluate@i3", "report"}
 
 
+@pytest.mark.repro
+def test_the_launcher_runs_again_in_the_same_process(tmp_path):
+    """The rounds loop calls it once a round (pipeline/grid/decide.py): a run lets go of the workspace
+    lock and its guard before the next takes them, and returns its status and times."""
+    project = tmp_path / "project"
+    env = synthetic_project(project)
+    code = ("import json; from pipeline.grid.repro import repro; "
+            "runs = [repro(['-j', '3'], timed=True) for _ in range(2)]; "
+            "print(json.dumps([[status, sorted(times['stages'])] for status, times in runs]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, second = json.loads(done.stdout.splitlines()[-1])
+    assert first == [0, sorted(["prepare", "report", *(f"{s}@{i}" for s in ("train", "evaluate") for i in ITEMS)])]
+    assert second == [0, []] and "grid: every stage is up to date" in done.stdout
+    assert_clean(project, env)
+
+
 @pytest.mark.multiprocess
 def test_bad_jobs_is_a_one_line_error(tmp_path):
     project = tmp_path / "project"

@@ -97,19 +97,22 @@ def test_no_module_imports_from_its_own_package_init():
             assert own not in targets, f"{name} imports names from its own package {own}"
 
 
-def test_pipeline_top_level_is_the_stages_and_the_shared_plumbing():
+def test_pipeline_top_level_is_the_stages_and_at_most_six_others():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    modules = {p.stem for p in (ROOT / "pipeline").glob("*.py")} - {"__init__"}
+    modules = {p.stem for p in (ROOT / "pipeline").glob("*.py")} - {"__init__", "__main__"}
     run = {cmd_module(stage["cmd"]) for stage in stages.values()}
-    # Besides the stages: the user's tools (preset, plan, reproduced) and the plumbing every stage shares.
-    assert run <= modules and modules - run == {"preset", "plan", "reproduced", "params", "params_report", "atomic",
-                                                "tracking", "progress", "cpu_numerics"}
-    assert len(modules) <= 18
+    # Besides the stages: the user's tools (plan, preset), the pinning and the MLflow mirror every
+    # model-running stage shares, and the two rooms every stage loads (params/, io/). The engines'
+    # rooms (sources/, training/, ...) are loaded only by what lists them.
+    assert run <= modules and modules - run == {"plan", "preset", "cpu_numerics", "tracking"}
+    shared_rooms = {"params", "io"}
+    assert all((ROOT / "pipeline" / room / "__init__.py").is_file() for room in shared_rooms)
+    assert len(modules - run) + len(shared_rooms) <= 6
 
 
 def cmd_module(cmd: str) -> str:
     words = cmd.split()
-    return words[words.index("-m") + 1].removeprefix("pipeline.")
+    return words[words.index("-m") + 2]  # `python -m pipeline <stage>`
 
 
 def code_deps(stage: dict) -> set[str]:
@@ -138,11 +141,12 @@ def loaded_files(imports: Path) -> dict[str, set[str]]:
     return loaded
 
 
-# Where a stage runs and how its process ends, not what it computes: every `python -m
-# pipeline.<stage>` passes through them to be served warm or run cold (pipeline/grid/auto.py) and
-# ends through grid/exit.py, and either way the outputs are the same (tests/test_warm_auto.py), so
+# Where a stage runs and how its process ends, not what it computes: every `python -m pipeline
+# <stage>` passes through them to be served warm or run cold (pipeline/warm/auto.py) and ends
+# through pipeline/warm/exit.py, and either way the outputs are the same (tests/test_warm_auto.py), so
 # an edit to them must not rerun the study.
-WHERE_NOT_WHAT = {"pipeline/__init__.py", "pipeline/grid/auto.py", "pipeline/grid/shim.py", "pipeline/grid/exit.py"}
+WHERE_NOT_WHAT = {"pipeline/__init__.py", "pipeline/__main__.py", "pipeline/warm/auto.py", "pipeline/warm/shim.py",
+                  "pipeline/warm/exit.py"}
 # Loaded by every stage (pipeline/__init__.py pins torch's CPU code path with it): it decides the
 # bits of every stage that runs a model (they load model/transformer.py), and nothing elsewhere.
 PINNING = "pipeline/cpu_numerics.py"

@@ -5,11 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, build_model
+from model import ModelConfig, build_model, exact
 from model.config import ARCHS, ATTENTION_IMPLS, POSITIONALS
-from model.attention import MultiHeadAttention, combine_masks, scaled_dot_product_attention
-
-
+from model.attention import MultiHeadAttention, combine_masks, fused_attention, scaled_dot_product_attention
 
 
 def _qkv(b=2, h=3, lq=5, lk=7, d=4, seed=0):
@@ -118,8 +116,8 @@ def _one_pair_bits(impl, length: int, head_dim: int, threads: int, pairs: int = 
 
 def _thread_dependent_lengths(impl, pairs: int = 1, dropout: float = 0.0) -> list[tuple[int, int]]:
     try:
-        # Lengths where torch 2.13.0's kernels differ across threads on an AVX-512 EPYC (pinned to
-        # AVX2): flash backward at 34-35, 66-67, 98-99 (head size 64); bmm at 17-23 (16).
+        # Lengths where torch's kernels (2.13.0, AVX2 path) differ across threads: flash backward at
+        # 34-35, 66-67, 98-99 (head size 64); bmm at 17-23 (16). Re-pick them if torch moves them.
         return [(n, d) for d in (16, 64) for n in (20, 35, 67, 99)
                 if _one_pair_bits(impl, n, d, 1, pairs, dropout) != _one_pair_bits(impl, n, d, 2, pairs, dropout)]
     finally:
@@ -128,20 +126,16 @@ def _thread_dependent_lengths(impl, pairs: int = 1, dropout: float = 0.0) -> lis
 
 @pytest.mark.parametrize("impl", ATTENTION_IMPLS)
 def test_one_pair_gradients_do_not_depend_on_the_thread_count(impl, monkeypatch):
-    """One head and a batch of one sequence (issue #50): torch's CPU flash-attention backward,
-    its softmax backward (a last dim not a multiple of 8) and bmm split such a pair across threads.
-    model/attention.py keeps it in one thread, at every length and head size tried. Where torch's
-    own kernels differ on this CPU (measured: a fact of torch), turning our fixes off must make the
-    same check fail: what this test catches."""
-    import model.attention as attention
-
-    ours = attention.fused_attention if impl == "sdpa" else scaled_dot_product_attention
+    """One head and a batch of one sequence: torch's CPU flash-attention backward, its softmax
+    backward (a last dim not a multiple of 8) and bmm split such a pair across threads; model/exact.py
+    keeps it in one thread, at every length and head size tried. Where torch's own kernels differ on
+    this CPU, turning the fixes off must make the same check fail: what this test catches."""
+    ours = fused_attention if impl == "sdpa" else scaled_dot_product_attention
     # One pair; and attention dropout over many pairs, which sends torch's kernel to its math path.
     assert _thread_dependent_lengths(ours) == [] == _thread_dependent_lengths(ours, pairs=8, dropout=0.1)
     torchs = ((lambda q, k, v, attn_mask, dropout_p: (F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p), None)) if impl == "sdpa" else None)
-    monkeypatch.setattr(attention, "_backward_on_cpu", lambda q: False)
-    monkeypatch.setattr(attention, "_softmax", lambda x: torch.softmax(x, dim=-1))
+    monkeypatch.setattr(exact, "backward_on_cpu", lambda t: False)  # the thread-count fixes off
     for case in ({}, {"pairs": 8, "dropout": 0.1}):
         if _thread_dependent_lengths(torchs or scaled_dot_product_attention, **case):
             assert _thread_dependent_lengths(ours, **case) != []

@@ -120,7 +120,7 @@ def test_run_sh_study_reruns_a_preset_in_scratch_and_commits_its_report(tmp_path
     out = sh(["bash", "scripts/study.sh", "tiny_decide"], project, {**env, "STUDY_OUT": str(decided)}).stdout
     assert "decide: done after" in out
     run, record = (json.loads((decided / f).read_text()) for f in ("run.json", "decisions.json"))
-    assert run["command"].startswith("python -m pipeline.deciding") and record["done"]
+    assert run["command"].startswith("python -m pipeline.grid.decide") and record["done"]
     assert len(run["rounds"]) == 1 + bool(record["baseline"]["runs"] > 2)  # a second round where one was open
     assert run["wall_s"] == round(sum(r["total_s"] for r in run["rounds"]))
     ran = yaml.safe_load((decided / "params.yaml").read_text())["decide"]["runs"]

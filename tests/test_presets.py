@@ -189,8 +189,8 @@ def stage_commands(params: dict) -> list[tuple[str, str]]:
 
 def run_stage(cmd: str) -> None:
     argv = shlex.split(cmd)
-    assert argv[:2] == ["python", "-m"], cmd
-    importlib.import_module(argv[2]).main(argv[3:])
+    assert argv[:3] == ["python", "-m", "pipeline"], cmd
+    importlib.import_module(f"pipeline.{argv[3]}").main(argv[4:])
 
 
 @pytest.fixture(scope="module")

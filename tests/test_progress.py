@@ -1,7 +1,7 @@
-"""pipeline.progress: log lines with rate and ETA when stderr is not a terminal."""
+"""pipeline.io.progress: log lines with rate and ETA when stderr is not a terminal."""
 import io
 
-from pipeline.progress import Progress, clock
+from pipeline.io.progress import Progress, clock
 
 
 class FakeClock:

@@ -22,6 +22,7 @@ from pipeline.encode import encode
 from pipeline.evaluate import evaluate
 from pipeline.params import EvaluateParams, TrainBpeParams
 from pipeline.report import render_report
+from pipeline.reporting.study import Study, read_inputs
 from pipeline.scoring.metrics import sentences, task_metrics
 from pipeline.scoring.output_checks import flags, output_stats
 from pipeline.train_bpe import file_sha256, train_tokenizer
@@ -146,7 +147,8 @@ def test_report_marks_metrics_of_degenerate_runs(tmp_path):
     ev = json.loads(path.read_text())
     path.write_text(json.dumps({**ev, "degenerate": ["100% of outputs are the same text"],
                                 "outputs": output_stats(["."] * 5)}))
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "r")
+    render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline")),
+                  tmp_path / "r")
     md = (tmp_path / "r" / "report.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| no_ffn | ") and "(n=" in line)
     cells = row.strip("|").split(" | ")
@@ -203,8 +205,8 @@ def test_report_compares_the_baseline_with_a_stated_reference(tmp_path):
     ref = values + np.array([0.5, 0.45, 0.56])  # a reference measured on three runs of its own
 
     def reference_lines(reference: dict) -> list[str]:
-        render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "r",
-                      reference=reference)
+        render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline",
+                                        reference=reference)), tmp_path / "r")
         md = (tmp_path / "r" / "report.md").read_text()
         start = md.index("## Reference")
         return md[start:md.index("##", start + 3)].splitlines()
@@ -227,7 +229,8 @@ def test_the_report_stage_leaves_committed_study_reports_alone(tmp_path):
     study = tmp_path / "reports" / "studies" / "x" / "report.md"
     study.parent.mkdir(parents=True)
     study.write_text("a committed study")
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "reports")
+    render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline")),
+                  tmp_path / "reports")
     assert study.read_text() == "a committed study" and (tmp_path / "reports" / "report.md").exists()
     assert [c.name for c in (tmp_path / "reports").iterdir() if c.name.startswith(".")] == []
     stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["report"]

@@ -1,9 +1,10 @@
-"""The report stage renders from fake run files: numbers, missing values, HTML, atomicity, errors."""
+"""The report stage renders from fake run files: its numbers, missing values, HTML and verdict first.
+
+Errors and atomicity: test_report_errors.py; the cost table: test_report_cost.py; the preset's notes:
+test_report_notes.py."""
 import base64
 import json
 import math
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -11,19 +12,20 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pipeline.report import _read_params, main, render_report
+from pipeline.report import render_report
 from pipeline.reporting.figures import _attention_panel
-from pipeline.reporting.inputs import ReportInputError, load_run
+from pipeline.reporting.inputs import load_run
 from pipeline.reporting.stats import detectable_effect, seeds_needed
+from pipeline.reporting.study import Study, read_inputs
 from tests.fixtures.report.fake_runs import make_project
 
-REPO = Path(__file__).resolve().parents[1]
 
-
-def render(p, out: Path | None = None, budget=None) -> Path:
+def render(p, out: Path | None = None, budget=None, **settings) -> Path:
+    """The report of fake project `p` in `out` (its reports/ by default); `settings`: Study's optional ones."""
     out = out or p.root / "reports"
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline",
-                  budget if budget is not None else {"budget_tokens": 200_000}, out)
+    budget = budget if budget is not None else {"budget_tokens": 200_000}
+    render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", budget,
+                                    **settings)), out)
     return out
 
 
@@ -149,41 +151,6 @@ def test_one_seed_report_gives_no_interval_and_no_test(tmp_path):
     assert len(list((tmp_path / "reports/figures").glob("*.png"))) == 4
 
 
-def test_bad_json_names_the_file_and_keeps_the_previous_report(tmp_path):
-    p = make_project(tmp_path)
-    out = render(p)
-    before = (out / "report.md").read_text(encoding="utf-8")
-    bad = p.evals / "no_ffn-1" / "eval.json"
-    bad.write_text("{not json", encoding="utf-8")
-    with pytest.raises(ReportInputError, match="no_ffn-1/eval.json"):
-        render(p, out)
-    assert (out / "report.md").read_text(encoding="utf-8") == before
-    assert [c.name for c in tmp_path.iterdir() if c.name.startswith(".reports")] == []
-
-
-@pytest.mark.multiprocess
-def test_cli_exits_1_with_one_line_on_bad_input(tmp_path):
-    p = make_project(tmp_path, seeds=(0,), missing_runs=())
-    params = tmp_path / "params.yaml"
-    params.write_text("seeds: [0]\nablations: [baseline]\nreport: {baseline: baseline}\n", encoding="utf-8")
-    args = ["--runs", str(p.runs), "--evals", str(p.evals), "--filter-metrics", str(p.filter_metrics),
-            "--params", str(params), "--out-dir", str(tmp_path / "reports")]
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    assert str(exc.value.code).startswith(f"report: {params}: ablations: ") and "\n" not in str(exc.value.code)
-    params.write_text("seeds: [0]\nablations: {baseline: {}}\nreport: {baseline: base}\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match="report.baseline: 'base' is not a variant in ablations"):
-        main(args)
-    params.write_text("seeds: [0]\nablations: {baseline: {}, no_ffn: {}}\n", encoding="utf-8")
-    (p.runs / "baseline-0" / "train_curve.csv").write_text("step,tokens\n1,2\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "pipeline.report", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        f"report: {p.runs / 'baseline-0' / 'train_curve.csv'}: missing column(s) train_loss"]
-    assert not (tmp_path / "reports").exists()
-
-
 def test_attention_prefers_cross_then_decoder_self(tmp_path):
     p = make_project(tmp_path, seeds=(0,), missing_runs=())
     run = load_run(p.runs, p.evals, "baseline", 0)
@@ -279,19 +246,10 @@ def test_primary_metric_is_uncorrected_and_the_rest_are_holm_corrected_together(
 
 def test_report_primary_metric_moves_the_uncorrected_test(tmp_path):
     p = make_project(tmp_path)
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "reports",
-                  primary_metric="rouge1")
+    render(p, tmp_path / "reports", budget={}, primary_metric="rouge1")
     rows = delta_rows((tmp_path / "reports" / "report.md").read_text(encoding="utf-8"))
     assert rows[("no_ffn", "rouge1")]["p (Holm)"] == "primary: uncorrected"
     assert rows[("no_ffn", "val_loss")]["p (Holm)"] not in ("primary: uncorrected", "—")
-
-
-def test_primary_metric_must_be_a_reported_metric_with_its_own_test(tmp_path):
-    params = tmp_path / "params.yaml"
-    for name, message in (("val_ppl", "derived from 'val_loss'"), ("accuracy", "not a reported metric")):
-        params.write_text(f"seeds: [0]\nablations: {{baseline: {{}}}}\nreport: {{primary_metric: {name}}}\n")
-        with pytest.raises(ReportInputError, match=message):
-            _read_params(params)
 
 
 def test_power_columns_follow_from_the_sd_of_the_paired_differences(rendered):
@@ -328,18 +286,6 @@ def test_validation_curve_and_table_val_loss_say_what_they_measure(rendered):
     assert "fixed subset of the validation split (its first train.eval_examples examples" in md  # the curve
 
 
-@pytest.mark.slow
-def test_a_build_folder_left_by_a_killed_report_is_removed_by_the_next(tmp_path):
-    p = make_project(tmp_path)
-    out = tmp_path / "reports"
-    (out / ".report-build.x1y2").mkdir(parents=True)  # SIGKILL while the report was being built
-    (out / ".report.md.abc.tmp").write_text("half")  # ... or while it was swapped in
-    (out / "studies").mkdir()  # not the stage's: kept
-    render(p, out)
-    assert sorted(q.name for q in out.iterdir()) == ["curves", "decisions.json", "details.json", "figures", "fingerprint.json",
-                                                    "metrics.json", "report.html", "report.md", "studies"]
-
-
 def test_report_opens_with_one_verdict_per_ablation_then_the_delta_figure(rendered):
     p, out, md = rendered
     lines = md.splitlines()
@@ -358,104 +304,6 @@ def test_report_opens_with_one_verdict_per_ablation_then_the_delta_figure(render
     assert html.index("<h2>Verdict</h2>") < html.index("<figure>") < html.index("<table>")
 
 
-def _with_load(p, variant: str, seed: int, start: float, end: float, threads: int = 2,
-               others: float | None = None) -> None:
-    path = p.runs / f"{variant}-{seed}" / "train.json"
-    train = json.loads(path.read_text())
-    train.update(threads=threads, load={"start": {"loadavg_1m": start, "other_running": 0},
-                                        "end": {"loadavg_1m": end, "other_running": 3}})
-    if others is not None:
-        train["load"]["others_cpu_share"] = others
-    path.write_text(json.dumps(train))
-
-
-def test_cost_table_marks_timings_taken_under_contention(tmp_path):
-    p = make_project(tmp_path)
-    for s in p.seeds:
-        _with_load(p, "baseline", s, 0.4, 1.9)  # a quiet machine: the run's own two threads
-        _with_load(p, "no_ffn", s, 0.5, 5.2 if s == 1 else 1.5)  # seed 1 shared the cores
-    md = (render(p) / "report.md").read_text(encoding="utf-8")
-    cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
-    assert not cost["baseline"]["wall time (s)"].endswith("⚠") and cost["baseline"]["load (max)"] == "1.9"
-    assert cost["no_ffn"]["wall time (s)"].endswith(" ⚠") and cost["no_ffn"]["tokens/s"].endswith(" ⚠")
-    assert cost["no_ffn"]["load (max)"] == "5.2" and cost["no_ffn"]["cores"] == "2"
-    assert cost["single_head"]["load (max)"] == "—"  # not recorded: unknown, not quiet
-    assert "understate this code's speed: no_ffn (seed 1)." in md
-
-
-def test_contention_is_what_other_processes_used_where_train_json_measured_it(tmp_path):
-    """A load of 3 on 2 cores with others at 2% of the CPU: the run's own threads and the previous
-    stage's tail, not contention. 25%: contention, whatever the load said."""
-    p = make_project(tmp_path)
-    for s in p.seeds:
-        _with_load(p, "baseline", s, 2.9, 3.0, others=0.02)
-        _with_load(p, "no_ffn", s, 0.5, 1.5, others=0.25 if s == 2 else 0.01)
-    md = (render(p) / "report.md").read_text(encoding="utf-8")
-    cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
-    assert not cost["baseline"]["wall time (s)"].endswith("⚠") and cost["baseline"]["others' CPU (max)"] == "2%"
-    assert cost["no_ffn"]["wall time (s)"].endswith(" ⚠") and cost["no_ffn"]["others' CPU (max)"] == "25%"
-    assert cost["single_head"]["others' CPU (max)"] == "—"
-    assert "understate this code's speed: no_ffn (seed 2)." in md
-    assert "sibling stages" not in md  # no run here was the grid launcher's
-
-
-def test_runs_beside_the_grid_launchers_siblings_are_said_so(tmp_path):
-    p = make_project(tmp_path)
-    for s in p.seeds:
-        _with_load(p, "baseline", s, 1.5, 1.9, threads=1, others=0.5)
-        path = p.runs / f"baseline-{s}" / "train.json"
-        train = json.loads(path.read_text())
-        train["grid_share"] = 1  # the launcher gave each of its 2 stages 1 of the 2 cores
-        path.write_text(json.dumps(train))
-    md = (render(p) / "report.md").read_text(encoding="utf-8")
-    cost = {r["variant"]: r for r in md_table(md, "variant", "tokens trained")}
-    assert cost["baseline"]["wall time (s)"].endswith(" ⚠")  # still marked: the planner leaves it out
-    assert "count the study's own sibling stages as other processes" in md
-
-
-@pytest.mark.slow
-def test_preset_notes_are_quoted_beside_the_generated_data_facts_and_flagged_on_other_data(tmp_path):
-    from pipeline.reporting.notes import data_digest
-
-    p = make_project(tmp_path)
-    raw = tmp_path / "data" / "raw"
-    meta = {"source": "local", "task": "summarization", "options": {"documents": "line"},
-            "files": [{"split": "train", "path": "data/local/mine.csv", "sha256": "ab" * 32}]}
-    raw.mkdir(parents=True)
-    (raw / "meta.json").write_text(json.dumps(meta))
-    shards = tmp_path / "data" / "shards"
-    shards.mkdir(parents=True)
-    (shards / "manifest.json").write_text(json.dumps({"vocab_size": 1234, "normalization": "NFKC"}))
-    digest = data_digest(meta)
-    note = "300 real CNN/DailyMail pairs: 240 train, 30 validation, 30 test"
-
-    def report(written_for):
-        render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {}, tmp_path / "r",
-                      notes=[note], raw_dir=raw, shards=shards, notes_data_digest=written_for)
-        return (tmp_path / "r" / "report.md").read_text(encoding="utf-8")
-
-    md = report("0123456789abcdef")  # the preset's data, not this run's
-    facts = next(line for line in md.splitlines() if line.startswith("Data as run"))
-    assert "source local, task summarization, documents line" in facts
-    assert "examples kept: train 3,000, validation 380, test 390" in facts  # filter.json, not the note
-    assert "tokenizer: 1,234 tokens (NFKC)" in facts and f"data digest {digest}." in facts
-    assert "written for other data (digest 0123456789abcdef; this run's is " + digest in md
-    assert f"⚠ “{note}”" in md
-    md = report(digest)
-    assert f"written for this run's data (digest {digest})" in md and f"\n“{note}”\n" in md and "⚠ “" not in md
-    assert "report.notes_data_digest unset" in report(None)
-
-
-def test_data_digest_names_the_input_files_not_their_order_or_paths():
-    from pipeline.reporting.notes import data_digest
-
-    a = {"files": [{"path": "x/a", "sha256": "11"}, {"path": "x/b", "sha256": "22"}]}
-    b = {"files": [{"path": "y/b", "sha256": "22"}, {"path": "y/a", "sha256": "11"}]}
-    assert data_digest(a) == data_digest(b) != data_digest({"files": [{"sha256": "11"}]})
-    synthetic = {"source": "synthetic", "n_examples": 100, "seed": 0}
-    assert data_digest(synthetic) != data_digest({**synthetic, "seed": 1}) and data_digest(None) is None
-
-
 def test_a_spending_boundarys_unbounded_look_renders(tmp_path):
     """O'Brien-Fleming-type spending at α 0.01 spends next to nothing at 5 of 20 seeds, below
     what its Monte Carlo resolves: no verdict there, the interval unbounded. The report, its Δ figure
@@ -463,8 +311,7 @@ def test_a_spending_boundarys_unbounded_look_renders(tmp_path):
     p = make_project(tmp_path, seeds=tuple(range(5)), missing_runs=())
     decide = {"seeds": p.seeds, "looks": [3, 5, 8, 12, 20], "alpha": 0.01, "margin": None, "boundary": "obf",
               "runs": {}}
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {"budget_tokens": 200_000},
-                  tmp_path / "reports", decide=decide)
+    render(p, tmp_path / "reports", decide=decide)
     record = json.loads((tmp_path / "reports" / "decisions.json").read_text())
     second = [v["looks"][1] for v in record["variants"].values()]
     assert second and all(look["n"] == 5 and math.isinf(look["hi"] - look["lo"]) for look in second)

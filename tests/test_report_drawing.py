@@ -7,7 +7,7 @@ import errno
 import pytest
 from matplotlib.figure import Figure
 
-from pipeline.atomic import DiskFull
+from pipeline.io.atomic import DiskFull
 from pipeline.reporting import drawing
 from tests.fixtures.report.fake_runs import make_project
 from tests.test_report import render

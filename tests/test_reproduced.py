@@ -1,4 +1,4 @@
-"""pipeline/reproduced.py: a study's reports against the committed ones, in one answer."""
+"""scripts/reproduced.py: a study's reports against the committed ones, in one answer."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.reproduced import main
+from scripts.reproduced import main
 
 METRICS = {"primary_metric": "val_loss", "baseline": {"mean": 0.6, "ci95": 0.1},
            "no_positional": {"mean": 1.2, "delta": 0.6, "delta_ci95": 0.2, "p": 0.006},

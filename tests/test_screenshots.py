@@ -45,6 +45,7 @@ from pipeline.report import DEFAULT_EXPERIMENT, render_report
 from pipeline.report import main as report_main
 from pipeline.reporting.mlflow_mirror import RunData, RunFiles, mirror_runs
 from pipeline.reporting.mlflow_view import CURRENT_RUNS, VIEW_ID, VIEW_NAME, VIEW_QUERY
+from pipeline.reporting.study import Study, read_inputs
 from tests.cdp import Browser
 from tests.committed import default_params
 from tests.fixtures.report.fake_runs import VARIANTS, make_project
@@ -307,7 +308,8 @@ def test_report_html_at_1280_px_opens_on_verdict_and_figure_without_sideways_scr
     rows[0]["prediction"] = "x" * 300  # a degenerate output with no space: wider than the page
     samples.write_text(json.dumps(rows))
     out = tmp_path / "reports"
-    render_report(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline", {"budget_tokens": 200_000}, out)
+    render_report(read_inputs(Study(p.runs, p.evals, p.filter_metrics, p.variants, p.seeds, "baseline",
+                                    {"budget_tokens": 200_000})), out)
 
     page = (out / "report.html").read_text(encoding="utf-8")
     scroll_width, window_width, verdict_top, figure_top, figure_bottom = first_screen(tmp_path, page)

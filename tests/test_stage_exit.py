@@ -1,4 +1,4 @@
-"""How a stage's process ends (pipeline/grid/exit.py): as Python's exit would, less the teardown of
+"""How a stage's process ends (pipeline/warm/exit.py): as Python's exit would, less the teardown of
 the imported modules, and every stage module ends that way."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STAGE = """
 import atexit, sys, threading, time
-from pipeline.grid.exit import run_main
+from pipeline.warm.exit import run_main
 
 held = open(sys.argv[1] + ".held", "w")  # open for the process's life, never closed: teardown flushed it
 
@@ -57,7 +57,7 @@ def test_a_stage_exits_as_python_does_with_its_files_flushed(tmp_path, how, code
 
 def test_every_stage_module_ends_with_the_fast_exit():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()
-    modules = {s["cmd"].split()[s["cmd"].split().index("-m") + 1] for s in stages}
+    modules = {"pipeline." + s["cmd"].split()[s["cmd"].split().index("-m") + 2] for s in stages}
     for module in modules:
         last = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text()).body[-1]
         assert isinstance(last, ast.If) and "run_main(main)" in ast.unparse(last), f"{module} does not end with run_main"

@@ -12,15 +12,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 from pipeline.params import TrainParams
 from pipeline.train import build, run
 from pipeline.training import trainer
-from pipeline.training.batching import lm_batches, lm_collate, lm_stream, lm_token_file, load_split, read_manifest
+from pipeline.training.batching import load_split, read_manifest
 from pipeline.training.optim import lr_factor, param_groups
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +44,6 @@ def resolved(model=None, **train_over) -> dict:
 def no_mlflow(monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_TRACKING", "0")
 
-
 def test_every_variant_gets_the_same_token_budget(tiny_shards):
     shards = tiny_shards / "shards"
     out = {}
@@ -55,35 +52,6 @@ def test_every_variant_gets_the_same_token_budget(tiny_shards):
     tokens = {m["tokens_trained"] for m in out.values()}
     assert len(tokens) == 1 and tokens.pop() >= 3000
     assert len({m["steps"] for m in out.values()}) == 1
-
-
-def test_a_flop_budget_gives_a_variant_cheaper_per_token_more_tokens(tiny_shards, tmp_path):
-    shards = tiny_shards / "shards"
-    out = {name: run(shards, name, 0, resolved(model, budget_flops=2e9), "x", tmp_path / f"r-{name}", tmp_path / f"c-{name}")
-           for name, model in {"base": {}, "wide_ffn": {"d_ff": 256}}.items()}
-    base, wide = out["base"], out["wide_ffn"]
-    assert wide["flops_per_token"] > 1.5 * base["flops_per_token"]
-    assert base["tokens_trained"] > 1.5 * wide["tokens_trained"]
-    for m in out.values():  # each trains to the budget, give or take its last step's tokens
-        assert m["tokens_trained"] >= int(2e9 // m["flops_per_token"])
-        assert 2e9 <= m["flops_trained"] < 2e9 + 600 * m["flops_per_token"]
-
-
-def test_a_diverging_sweep_rate_is_recorded_and_evaluated_as_diverged(tiny_shards, tmp_path):
-    from pipeline.evaluate import evaluate
-    from pipeline.params import EvaluateParams
-
-    settings = resolved(lr=1e30, clip_grad_norm=None, warmup_steps=0, schedule="constant")
-    with pytest.raises(trainer.NonFiniteLoss):  # a main run that diverges stops the pipeline
-        run(tiny_shards / "shards", "v", 0, settings, "x", tmp_path / "main", tmp_path / "c-main")
-    info = run(tiny_shards / "shards", "v", 0, settings, "x", tmp_path / "lr", tmp_path / "c-lr", point={"lr": 1e30})
-    assert info["diverged"].startswith("non-finite")
-    written = json.loads((tmp_path / "lr" / "train.json").read_text())
-    assert written["lr"] == 1e30 and written["diverged"].startswith("non-finite") and not (tmp_path / "lr" / "model.pt").exists()
-    ev = evaluate(tiny_shards / "shards", tiny_shards / "tokenizer", tmp_path / "lr", tmp_path / "eval", EvaluateParams(),
-                  600, 64, 8)
-    assert ev["diverged"] == written["diverged"] and "val_loss" not in ev
-    assert json.loads((tmp_path / "eval" / "eval.json").read_text()) == ev
 
 
 def test_same_seed_same_metrics_different_seed_different(tiny_shards):
@@ -138,46 +106,6 @@ def torchs_layernorm_depends_on_threads() -> bool:
         seen.add(norm.weight.grad.numpy().tobytes())
     torch.set_num_threads(1)
     return len(seen) > 1
-
-
-def test_outputs_and_checkpoints_load_with_weights_only(tiny_shards, capsys):
-    out, ckpt = tiny_shards / "o", tiny_shards / "co"
-    metrics = run(tiny_shards / "shards", "v", 0, resolved(keep_checkpoints=2), "x", out, ckpt)
-    # Not a terminal: plain progress lines, each with the ETA.
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
-    assert len(lines) == -(-metrics["steps"] // 2)
-    assert all(re.search(r"loss [\d.]+ lr \S+ tokens/s [\d,]+ ETA \d+:\d\d:\d\d$", line) for line in lines)
-    state = torch.load(out / "model.pt", weights_only=True)
-    assert state["model_config"]["d_model"] == 32
-    saved = sorted(ckpt.iterdir())
-    assert len(saved) == 2  # only the last K are kept
-    torch.load(saved[-1], weights_only=True)
-    info = json.loads((out / "train.json").read_text())
-    assert info["params_total"] == info["params_by_component"]["total"] > 0
-    assert info["mfu"] is None or 0 < info["mfu"] < 1
-    assert info["threads"] == torch.get_num_threads() >= 1
-    assert 0 <= info["padding_ratio"] < 0.5
-    assert 0 <= info["load"]["others_cpu_share"] <= 1
-    assert info["batch_shape_mean"] == pytest.approx(planned_mean_batch(tiny_shards / "shards", metrics["steps"]))
-    rows = (out / "val_curve.csv").read_text().splitlines()
-    assert rows[0] == "step,tokens,val_loss" and len(rows) - 1 == -(-metrics["steps"] // 5)
-
-
-def planned_mean_batch(shards: Path, steps: int) -> list[float]:
-    """Rows, source and target length (padded, target + BOS) of the first `steps` batches of the
-    train stage's plan at tiny_train's settings, averaged."""
-    manifest = read_manifest(shards)
-    split = load_split(shards, manifest, "train")
-    cfg = tiny_train()
-    data = trainer.Data(task=manifest["task"], train=split, val=None, batch_tokens=cfg["batch_tokens"],
-                        ids={k: manifest[k] for k in ("pad_id", "bos_id", "eos_id")},
-                        batch_size=cfg["batch_size"], context=cfg["context"], seed=0)
-    shapes, epoch = [], 0
-    while len(shapes) < steps:
-        shapes += [(len(idx), max(1, max(len(split.src[i]) for i in idx)), max(len(split.tgt[i]) for i in idx) + 1)
-                   for idx in data.epoch(epoch)]
-        epoch += 1
-    return np.mean(shapes[:steps], axis=0).tolist()
 
 
 def test_non_finite_loss_stops_with_the_step(tiny_shards):
@@ -328,135 +256,6 @@ def test_terminal_progress_bar_shows_loss_lr_throughput_and_eta():
     assert re.search(r"<\d\d:\d\d", last), last  # tqdm's remaining time, computed from the rate
 
 
-def lm_shards(path: Path, vocab: int = 60) -> Path:
-    """A tiny language-modelling shard set: two train shards, documents of 0..40 tokens."""
-    rng = np.random.default_rng(0)
-    path.mkdir(parents=True)
-    splits = {}
-    for split, sizes in {"train": (40, 35), "validation": (15,)}.items():
-        files = []
-        for i, n in enumerate(sizes):
-            docs = [rng.integers(4, vocab, rng.integers(0, 41)).tolist() for _ in range(n)]
-            pq.write_table(pa.table({"src_ids": pa.array([[]] * n, pa.list_(pa.int32())),
-                                     "tgt_ids": pa.array(docs, pa.list_(pa.int32()))}), path / f"{split}-{i:05d}.parquet")
-            files.append(f"{split}-{i:05d}.parquet")
-        splits[split] = {"files": files, "examples": sum(sizes), "src_tokens": 0, "tgt_tokens": 0}
-    (path / "manifest.json").write_text(json.dumps({
-        "task": "language_modeling", "vocab_size": vocab, "pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3,
-        "tokenizer_sha256": "test", "splits": splits}))
-    return path
-
-
-def test_lm_token_file_is_the_document_stream_memory_mapped_and_cached(tmp_path):
-    shards = lm_shards(tmp_path / "shards")
-    manifest = read_manifest(shards)
-    stream = lm_token_file(shards, manifest, "train", tmp_path / "cache")
-    assert isinstance(stream, np.memmap) and stream.dtype == np.uint16
-    assert np.array_equal(stream, lm_stream(load_split(shards, manifest, "train"), eos_id=3))
-    built = sorted((tmp_path / "cache").glob("train-*.tokens"))
-    assert len(built) == 1 and (tmp_path / "cache" / ".gitignore").read_text() == "*\n"
-    stamp = built[0].stat().st_mtime_ns
-    assert np.array_equal(lm_token_file(shards, manifest, "train", tmp_path / "cache"), stream)
-    assert built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
-    pq.write_table(pa.table({"src_ids": pa.array([[]], pa.list_(pa.int32())),
-                             "tgt_ids": pa.array([[5, 6, 7]], pa.list_(pa.int32()))}), shards / "train-00001.parquet")
-    changed = lm_token_file(shards, manifest, "train", tmp_path / "cache")  # re-encoded shard: a new file
-    assert len(list((tmp_path / "cache").glob("train-*.tokens"))) == 2 and changed[-4:].tolist() == [5, 6, 7, 3]
-
-
-def test_building_the_token_cache_leaves_a_concurrent_builders_temporary_alone(tmp_path):
-    """Runs side by side (the grid on a GPU) build the same cache file at once: one must not delete
-    the temporary another is still writing (seen on an H200: a run failed renaming it); a
-    temporary nobody has touched for STALE_TEMP_S was left by a killed builder and goes."""
-    from pipeline.training.batching import STALE_TEMP_S
-
-    shards, cache = lm_shards(tmp_path / "shards"), tmp_path / "cache"
-    manifest = read_manifest(shards)
-    built = Path(lm_token_file(shards, manifest, "train", cache).filename)
-    built.unlink()
-    writing, killed = cache / f".{built.name}.abc123.tmp", cache / f".{built.name}.old999.tmp"
-    writing.write_bytes(b"half")
-    killed.write_bytes(b"half")
-    old = killed.stat().st_mtime - 2 * STALE_TEMP_S
-    os.utime(killed, (old, old))
-    stream = lm_token_file(shards, manifest, "train", cache)
-    assert np.array_equal(stream, lm_stream(load_split(shards, manifest, "train"), eos_id=3))
-    assert writing.read_bytes() == b"half" and not killed.exists()
-
-
-def test_lm_windows_are_contiguous_disjoint_and_deterministic(tmp_path):
-    shards = lm_shards(tmp_path / "shards")
-    stream = lm_token_file(shards, read_manifest(shards), "train", tmp_path / "cache")
-    context, batch_size = 16, 4
-    plan = lm_batches(len(stream), context, batch_size, seed=1, epoch=0)
-    again = lm_batches(len(stream), context, batch_size, seed=1, epoch=0)
-    assert all(np.array_equal(a, b) for a, b in zip(plan, again))
-    assert not all(np.array_equal(a, b) for a, b in zip(plan, lm_batches(len(stream), context, batch_size, 1, 1)))
-    starts = np.concatenate(plan)
-    assert len(set(starts.tolist())) == len(starts) and all(s % context == 0 for s in starts)  # disjoint windows
-    assert starts.max() + context + 1 <= len(stream)
-    _, tgt_in, tgt_out = lm_collate(stream, plan[0], context)
-    for row, start in enumerate(plan[0]):
-        assert tgt_in[row].tolist() == stream[start:start + context].tolist()
-        assert tgt_out[row].tolist() == stream[start + 1:start + context + 1].tolist()
-
-
-def test_random_lm_windows_start_anywhere_deterministically_and_stay_in_the_stream():
-    stream_len, context, batch_size = 1000, 16, 4
-    plan = lm_batches(stream_len, context, batch_size, seed=3, epoch=0, windows="random")
-    starts = np.concatenate(plan)
-    assert len(plan) == ((stream_len - 1) // context) // batch_size  # as many windows as the grid
-    assert starts.min() >= 0 and starts.max() + context + 1 <= stream_len
-    assert (starts % context != 0).any()  # off the grid
-    again = lm_batches(stream_len, context, batch_size, seed=3, epoch=0, windows="random")
-    assert all(np.array_equal(a, b) for a, b in zip(plan, again))
-    other = np.concatenate(lm_batches(stream_len, context, batch_size, seed=3, epoch=1, windows="random"))
-    assert not np.array_equal(starts, other)
-
-
-def test_language_modelling_trains_from_the_token_files(tmp_path):
-    shards = lm_shards(tmp_path / "shards")
-    cfg = resolved({"arch": "decoder_only"}, context=16, batch_size=4, budget_tokens=640, eval_examples=8)
-    metrics = run(shards, "lm", 0, cfg, "x", tmp_path / "out", tmp_path / "ckpt" / "lm-0")
-    assert metrics["tokens_trained"] == metrics["steps"] * 4 * 16 >= 640
-    assert np.isfinite(metrics["val_loss"]) and metrics["padding_ratio"] == 0.0
-    assert metrics["batch_shape_mean"] == [4, 0, 16]  # rows x context, no source
-    assert list((tmp_path / "ckpt" / ".token-cache").glob("*.tokens"))  # next to the checkpoints, shared by runs
-
-
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
-def test_flops_per_target_token_matches_the_6n_formula(arch, positional):
-    """With source length = target length, both architectures reduce to the PaLM count:
-    6 x (non-embedding weights + output projection) + 12 x layers x d_model x keys per query."""
-    from model import ModelConfig, build_model
-    from pipeline.train import flops_per_target_token
-
-    cfg = ModelConfig(vocab_size=97, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=3, d_ff=64,
-                      arch=arch, positional=positional)
-    model = build_model(cfg)
-    counts = model.param_counts()
-    weights = counts["total"] - counts["embeddings"]  # token and learned position tables are lookups
-    head = 6 * 32 * 97
-    if arch == "encoder_decoder":  # encoder on S=10 source tokens, decoder self (10) + cross (10) keys
-        expected = 6 * weights + 12 * 32 * (2 * 10 + 3 * 20) + head
-    else:  # one 20-token sequence per 10 target tokens: the stack runs twice per target token
-        expected = 2 * (6 * weights + 12 * 3 * 32 * 20) + head
-    assert flops_per_target_token(model, cfg, 10.0, 10.0) == pytest.approx(expected)
-    lm = flops_per_target_token(model, cfg, 0.0, 64.0)  # language modelling: context 64, no source
-    if arch == "decoder_only":
-        assert lm == pytest.approx(6 * weights + 12 * 3 * 32 * 64 + head)
-
-
-def test_a_run_too_short_to_checkpoint_still_creates_its_checkpoint_directory(tiny_shards, tmp_path):
-    """The directory is a DVC output of the train stage: DVC fails a stage whose output is missing."""
-    ckpt = tmp_path / "ckpt"
-    run(tiny_shards / "shards", "v", 0, resolved(budget_steps=3, checkpoint_every=100), "x", tmp_path / "out", ckpt)
-    assert ckpt.is_dir() and not list(ckpt.glob("step-*.pt"))
-
-
-
-
 @pytest.mark.slow
 def test_compiled_bf16_training_on_cpu_matches_eager_in_two_compilations(tiny_shards, tmp_path):
     """train.compile and train.precision: bf16 on CPU: torch.compile (inductor) over length-bucketed
@@ -497,41 +296,3 @@ def test_the_default_precision_on_cpu_is_fp32_and_bf16_changes_the_numbers(tiny_
     bf16 = run(shards, "v", 0, resolved(budget_tokens=600, precision="bf16"), "x", tmp_path / "b", tmp_path / "cb")
     assert bf16["precision"] == "bf16" and bf16["train_loss"] != fp32["train_loss"]  # autocast ran
     assert bf16["train_loss"] == pytest.approx(fp32["train_loss"], rel=2e-2)
-
-
-def test_others_cpu_share_is_the_machines_busy_time_less_this_process():
-    from pipeline.train import cpu_seconds, others_cpu_share
-
-    cores = os.cpu_count()
-    # 10 s of wall: the machine was busy 14 s, this process 4 s of it: others had 10 of cores x 10 s.
-    assert others_cpu_share((100.0, 1.0), (114.0, 5.0), 10.0) == pytest.approx(round(10 / (10 * cores), 4))
-    assert others_cpu_share((100.0, 1.0), (104.0, 5.0), 10.0) == 0.0  # alone
-    assert others_cpu_share(None, (1.0, 1.0), 10.0) is None
-    start = cpu_seconds()
-    deadline = time.process_time() + 0.2
-    while time.process_time() < deadline:  # spin: this process's own CPU time grows, not others'
-        pass
-    end = cpu_seconds()
-    assert start is not None and end[1] - start[1] >= 0.2 and end[0] - start[0] >= 0.15
-
-
-def test_keep_best_writes_the_kept_model_and_the_last_steps_beside_it(tmp_path):
-    """train.keep = best: model.pt holds the best in-loop estimate's weights, last.pt the last
-    step's, and train.json says which step was kept (a high rate on a tiny stream overfits)."""
-    from pipeline.training.checkpoint import LAST_MODEL
-
-    shards = lm_shards(tmp_path / "shards")
-    settings = resolved({"arch": "decoder_only", "dropout": 0.0, "n_decoder_layers": 1},
-                        keep="best", eval_windows="random", budget_tokens=16 * 8 * 40, batch_size=8, context=16,
-                        lr=5e-2, eval_every=4, warmup_steps=0)
-    info = run(shards, "v", 0, settings, "x", tmp_path / "out", tmp_path / "ck")
-    assert (info["keep"], info["eval_windows"]) == ("best", "random")
-    rows = [line.split(",") for line in (tmp_path / "out" / "val_curve.csv").read_text().splitlines()[1:]]
-    best = min(rows, key=lambda r: float(r[2]))
-    assert info["kept_step"] == int(best[0]) and info["val_estimate_best"] == pytest.approx(float(best[2]))
-    written = json.loads((tmp_path / "out" / "train.json").read_text())
-    assert written["kept_step"] == info["kept_step"] and "last_state" not in written
-    kept = torch.load(tmp_path / "out" / "model.pt", weights_only=True)["state_dict"]
-    assert info["kept_step"] < info["steps"]  # this run's best is before its end (seeded: it always is)
-    last = torch.load(tmp_path / "out" / LAST_MODEL, weights_only=True)["state_dict"]
-    assert any(not torch.equal(kept[k], last[k]) for k in kept)

@@ -1,4 +1,4 @@
-"""Warm starts (pipeline/grid/warm.py): a stage's command served by a fork of a process that has
+"""Warm starts (pipeline/warm/): a stage's command served by a fork of a process that has
 imported torch and the rest behaves as the command run in a new process would: its arguments,
 directory, environment, streams and exit status; signals reach it, a killed command takes its
 stage with it, atexit callbacks and threads finish; and it runs the ordinary way whenever it
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.grid.shim import stage_command, write_shims
-from pipeline.grid.warm import start_server, stop_server
+from pipeline.warm.server import start_server, stop_server
+from pipeline.warm.shim import stage_command, write_shims
 from tests.tiny_project import ROOT, make_project, tiny_params
 
 # A stand-in for a stage (pipeline/report.py in a scratch copy of the package): what it was given,
@@ -79,10 +79,9 @@ os.umask(0o077)
 def server(tmp_path_factory):
     """A scratch package whose report stage is FAKE_STAGE, and a warm server started in it."""
     root = tmp_path_factory.mktemp("warm")
-    (root / "pipeline" / "grid").mkdir(parents=True)
-    for name in ("pipeline/__init__.py", "pipeline/cpu_numerics.py", "pipeline/grid/exit.py", "pipeline/grid/__init__.py",
-                 "pipeline/grid/warm.py", "pipeline/grid/shim.py", "pipeline/grid/lifeline.py", "pipeline/grid/fresh.py",
-                 "pipeline/grid/auto.py"):
+    (root / "pipeline" / "warm").mkdir(parents=True)
+    for name in ("pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cpu_numerics.py",
+                 *(str(p.relative_to(ROOT)) for p in (ROOT / "pipeline" / "warm").glob("*.py"))):
         shutil.copy(ROOT / name, root / name)
     (root / "pipeline" / "report.py").write_text(FAKE_STAGE)
     (root / "pipeline" / "train.py").write_text(SIDE_EFFECTS)
@@ -101,7 +100,7 @@ def server(tmp_path_factory):
 
 def command(server, *args, env=None, **kw):
     root, _, base = server
-    return subprocess.Popen(["python", "-m", "pipeline.report", *args], cwd=root,
+    return subprocess.Popen(["python", "-m", "pipeline", "report", *args], cwd=root,
                             env={**base, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True, **kw)
 
@@ -198,7 +197,7 @@ def test_a_locale_time_zone_temp_dir_home_or_malloc_setting_of_its_own_runs_it_t
 
 @pytest.mark.multiprocess
 def test_a_native_thread_nobody_named_stops_the_server_serving():
-    code = ("from pipeline.grid import fresh; import faulthandler; before = fresh.threads(); "
+    code = ("from pipeline.warm import fresh; import faulthandler; before = fresh.threads(); "
             "assert fresh.threads_not_forkable(before, set()) == ''; "
             "faulthandler.dump_traceback_later(600); print(fresh.threads_not_forkable(before, set()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -312,10 +311,12 @@ def test_ctrl_z_stops_the_stage_with_its_command_and_fg_continues_it(server, tmp
     assert _gone(stage.pid)
 
 
-def test_only_a_plain_python_m_of_a_stage_is_served():
-    assert stage_command(["python", "-m", "pipeline.train", "--seed", "0"]) == ("pipeline.train", ["--seed", "0"])
-    assert stage_command(["python", "-X", "importtime", "-m", "pipeline.train"]) is None
-    assert stage_command(["python", "-m", "pipeline.grid"]) is None
+def test_only_a_plain_python_m_pipeline_stage_is_served():
+    assert stage_command(["python", "-m", "pipeline", "train", "--seed", "0"]) == ("pipeline.train", ["--seed", "0"])
+    assert stage_command(["python", "-X", "importtime", "-m", "pipeline", "train"]) is None
+    assert stage_command(["python", "-m", "pipeline.train", "--seed", "0"]) is None  # always a new process
+    assert stage_command(["python", "-m", "pipeline", "grid"]) is None
+    assert stage_command(["python", "-m", "pipeline"]) is None
     assert stage_command(["python", "-m", "pytest"]) is None
 
 
@@ -385,8 +386,8 @@ def test_the_study_warm_is_the_study_cold(tmp_path):
 def test_on_a_gpu_a_stage_forked_from_the_warm_imports_can_use_cuda():
     """The server serves on a GPU machine only if a fork of it can run a CUDA kernel: its imports
     must not have started CUDA (torch cannot start it again in a forked child)."""
-    code = ("import sys; from pipeline.grid import warm; warm._warm_imports(); "
-            "sys.exit(0 if warm._cuda_in_a_fork() else 1)")
+    code = ("import sys; from pipeline.warm import server; server._warm_imports(); "
+            "sys.exit(0 if server._cuda_in_a_fork() else 1)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
 
 
@@ -394,10 +395,10 @@ def test_warm_starts_are_on_by_default_on_a_gpu_machine_too(monkeypatch):
     """Measured on an H200 in one call (reports/gpu/h200_run10_all_parts.json): the nanoGPT study
     87.0 s cold, 79.5 s warm. So warm unless --cold, a GPU machine or not, under the launcher and
     under a plain `dvc repro` (auto.py); shell stages are never served."""
-    from pipeline.grid import auto
-    from pipeline.grid.__main__ import warm_wanted
+    from pipeline.grid.repro import warm_wanted
+    from pipeline.warm import auto
 
-    ours = "cmd: python -m pipeline.train --seed 0"
+    ours = "cmd: python -m pipeline train --seed 0"
     monkeypatch.setenv("ABLATION_LAB_GPU_COUNT", "1")
     assert warm_wanted(False, False, ours) and warm_wanted(False, True, ours)
     assert not warm_wanted(True, False, ours)

@@ -1,4 +1,4 @@
-"""Warm starts under a plain `dvc repro` (pipeline/grid/auto.py): the first stage starts a server
+"""Warm starts under a plain `dvc repro` (pipeline/warm/auto.py): the first stage starts a server
 for its DVC process, the next stages are served by it; the study is the study run cold, and the
 server ends with DVC however DVC ends, leaving no process and no folder. Off where asked
 (ABLATION_LAB_WARM=0), on a GPU machine, under the grid launcher, and outside DVC."""
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.grid import auto
+from pipeline.warm import auto
 from tests.test_grid_lifetime import GONE_S, MARK, kill_all, lines_of, study_processes, wait_for_line, wait_until
 from tests.test_warm import output_hashes, stage_stderr
 from tests.tiny_project import ROOT, TINY, copy_project, make_project, project_env, sh, tiny_params
@@ -82,10 +82,23 @@ def test_a_stage_not_started_by_dvc_starts_no_server(tmp_path):
     """DVC_STAGE set, but the parent is not DVC (here: this test): the stage runs cold, alone."""
     env = {**os.environ, "DVC_STAGE": "check_params", "TMPDIR": str(tmp_path)}
     env.pop(auto.SETTING, None)
-    run = subprocess.run([sys.executable, "-m", "pipeline.check_params", "--help"], cwd=ROOT, env=env,
+    run = subprocess.run([sys.executable, "-m", "pipeline", "check_params", "--help"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "usage" in run.stdout
     assert ours(tmp_path) == []
+
+
+@pytest.mark.multiprocess
+def test_the_entry_point_engages_warm_starts_and_importing_the_package_does_not():
+    """`python -m pipeline <stage>` is where a stage may be served; `import pipeline` (what `python -m
+    pipeline.<stage>` and every tool does) only pins the CPU's code path."""
+    code = "import json, sys, pipeline; print(json.dumps(sorted(m for m in sys.modules if m.startswith('pipeline'))))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout) == ["pipeline", "pipeline.cpu_numerics"], out.stderr
+    bad = subprocess.run([sys.executable, "-m", "pipeline", "nope"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("usage: python -m pipeline STAGE") and not bad.stdout
+    assert len(bad.stderr.splitlines()) == 1
 
 
 @pytest.mark.multiprocess
@@ -172,7 +185,7 @@ def test_a_killed_dvc_repro_takes_its_server_and_served_stage_with_it(prepared, 
         # .dvc/tmp/rwlock, which DVC then leaves half written (cold too; the launcher repairs it).
         wait_for_line(lines, ("step ",), 120)
         # The server, its handler of this command and the stage (forks keep the server's command line).
-        served = [p for p, cmd in study_processes(mark) if "pipeline.grid.warm --serve" in cmd]
+        served = [p for p, cmd in study_processes(mark) if "pipeline.warm.server --serve" in cmd]
         assert len(served) >= 3, study_processes(mark)
         if how == "ctrl-c":
             os.killpg(dvc.pid, signal.SIGINT)
@@ -199,7 +212,7 @@ def test_a_server_stops_after_its_idle_time_and_removes_its_folder(tmp_path):
     folder.mkdir()
     keeper = subprocess.Popen(["sleep", "120"])
     try:
-        server = subprocess.Popen([sys.executable, "-m", "pipeline.grid.warm", "--serve", str(folder / "socket"),
+        server = subprocess.Popen([sys.executable, "-m", "pipeline.warm.server", "--serve", str(folder / "socket"),
                                    "--folder", str(folder), "--watch", str(keeper.pid), "--idle", "1"],
                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         out, _ = server.communicate(timeout=120)
@@ -223,7 +236,7 @@ def test_a_server_whose_dvc_has_ended_removes_the_folders_of_killed_ones(tmp_pat
     (stale / "socket").write_text("")
     folder = tmp_path / f"{auto.PREFIX}{os.getuid()}-new"
     folder.mkdir()
-    server = subprocess.run([sys.executable, "-m", "pipeline.grid.warm", "--serve", str(folder / "socket"),
+    server = subprocess.run([sys.executable, "-m", "pipeline.warm.server", "--serve", str(folder / "socket"),
                              "--folder", str(folder), "--watch", str(dead.pid), "--idle", "600"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert server.returncode == 0 and "has already ended; stopping" in server.stdout, server.stdout + server.stderr

@@ -1,9 +1,4 @@
-"""Seeds until decided: a study that adds seeds only to the ablations whose verdict is still open,
-and stops each comparison at a look fixed before the study, with the family-wise error of every
-reported interval and verdict kept at alpha however the looks turn out (issue #49).
-
-rule    the sequential stopping rule: the plan, one look's paired t-interval and verdict, and the
-        whole rule over complete simulated studies (numpy and scipy only, with the proof)
-rounds  the round logic over plain dicts: the seed order, which looks each comparison took, and
-        which seeds each variant and the baseline run next; the runs spent beside a fixed design
-"""
+"""Seeds until decided: each ablation against the baseline decided at seed counts fixed in advance
+(rule.py; its proof: docs/seeds-until-decided.md), round by round (rounds.py), in a typed record
+(record.py). Pure: no files but the record's, no processes; the rounds loop that drives it is
+pipeline/grid/decide.py."""

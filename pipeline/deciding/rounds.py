@@ -1,8 +1,8 @@
 """The rounds of a seeds-until-decided study: from the results so far, what each comparison decided
 at which look, and which seeds each variant and the baseline run next.
 
-Pure functions over plain dicts (variant -> {seed: metric}); the record they return is plain JSON
-data, the same for the same inputs. Design decisions:
+Pure functions over plain dicts (variant -> {seed: metric}); the record they return
+(pipeline.deciding.record) is the same for the same inputs. Design decisions:
 - One seed order, fixed before the study: the user's `seeds` as listed, then the next integers
   above the largest, up to the budget. Look k uses the first looks[k] seeds of it, so a look's
   seeds never depend on earlier results (the proof in pipeline.deciding.rule needs this); seeds
@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from pipeline.deciding.record import Baseline, Comparison, Record, Shape
 from pipeline.deciding.rule import DECIDED, Plan, decide
 
 
@@ -57,7 +58,7 @@ def plan_fingerprint(*, baseline: str, variants: Sequence[str], seeds: Sequence[
                      alpha: float, margin: float | None, metric: str | None, method: str = "t",
                      boundary: str = "bonferroni", rho: float = 1.0) -> str:
     """What the study was planned as, hashed: every look's verdict depends on it, so a study whose
-    rounds ran under one fingerprint cannot go on under another (pipeline/deciding/loop.py). `metric`
+    rounds ran under one fingerprint cannot go on under another (pipeline/grid/decide.py). `metric`
     as params.yaml names it (report.primary_metric; None: the report's default for the task)."""
     import hashlib
 
@@ -96,7 +97,7 @@ def shape(diffs: Sequence[float], seeds: Sequence[int]) -> dict:
 
 
 def _comparison(name: str, variant: Mapping[int, float], baseline: Mapping[int, float], order: list[int],
-                plan: Plan, higher_is_better: bool) -> dict:
+                plan: Plan, higher_is_better: bool) -> Comparison:
     paired = _paired_prefix(order, variant, baseline)
     ready = sum(1 for n in plan.looks if n <= paired)  # looks whose seeds both sides have
     diffs = [variant[s] - baseline[s] for s in order[:paired]]
@@ -106,27 +107,26 @@ def _comparison(name: str, variant: Mapping[int, float], baseline: Mapping[int, 
             decision = decide(diffs, plan, k, higher_is_better)
         except ValueError as err:  # a non-finite metric: say which variant, not just that one is
             raise ValueError(f"{name}: {err}") from None
-        looks.append(decision.to_json())
+        looks.append(decision)
         if decision.verdict in DECIDED:
             break
-    state = looks[-1]["verdict"] if looks else "continue"
+    state = looks[-1].verdict if looks else "continue"
     open_ = state == "continue"
     next_look = plan.looks[len(looks)] if open_ else None
     needs = [s for s in order[:next_look] if s not in variant] if open_ else []
-    # The values the looks were computed from, so that anyone can recompute every look (seed -> metric;
-    # the paired differences are these minus the baseline's, seed by seed in seed_order).
-    return {"looks": looks, "state": state, "next_look": next_look, "needs": needs,
-            "runs": sum(1 for s in order if s in variant), "values": {str(s): variant[s] for s in order if s in variant},
-            "diffs": diffs, "shape": shape(diffs, order[:paired])}
+    # The values the looks were computed from, so that anyone can recompute every look (the paired
+    # differences are these minus the baseline's, seed by seed in seed_order).
+    return Comparison(looks, state, next_look, needs, sum(1 for s in order if s in variant),
+                      {s: variant[s] for s in order if s in variant}, diffs, Shape(**shape(diffs, order[:paired])))
 
 
 def step(results: Mapping[str, Mapping[int, float]], plan: Plan, seeds: Sequence[int], higher_is_better: bool,
-         *, baseline: str) -> dict:
+         *, baseline: str, metric: str, fingerprint: str | None) -> Record:
     """The study's record from `results` (variant -> {seed: metric}, the baseline included under
-    `baseline`; a variant with no runs yet as {}): per variant the looks taken (n, mean, lo, hi,
-    verdict, note), its state (the last verdict, "continue" before its first look), the seed count of
-    its next look and the seeds it needs for it; the seeds the baseline needs; whether it is done.
-    `higher_is_better` is the metric's direction (pipeline.reporting.stats.higher_is_better)."""
+    `baseline`; a variant with no runs yet as {}): per variant the looks taken, its state, the seed
+    count of its next look and the seeds it needs for it; the seeds the baseline needs.
+    `higher_is_better` is the direction of `metric` (pipeline.reporting.stats.higher_is_better);
+    `fingerprint` the plan's (plan_fingerprint)."""
     if baseline not in results:
         raise ValueError(f"results has no baseline {baseline!r}")
     names = sorted(v for v in results if v != baseline)
@@ -136,24 +136,9 @@ def step(results: Mapping[str, Mapping[int, float]], plan: Plan, seeds: Sequence
     order = seed_order(seeds, plan.budget)
     base = results[baseline]
     variants = {v: _comparison(v, results[v], base, order, plan, higher_is_better) for v in names}
-    wanted = {s for rec in variants.values() if rec["next_look"] is not None for s in order[:rec["next_look"]]}
+    wanted = {s for rec in variants.values() if rec.next_look is not None for s in order[:rec.next_look]}
     base_needs = [s for s in order if s in wanted and s not in base]
-    return {
-        "plan": plan.to_json(),
-        "higher_is_better": bool(higher_is_better),
-        "seed_order": order,
-        "baseline": {"name": baseline, "runs": sum(1 for s in order if s in base), "needs": base_needs,
-                     "values": {str(s): base[s] for s in order if s in base}},
-        "variants": variants,
-        "done": all(rec["state"] != "continue" for rec in variants.values()),
-    }
-
-
-def runs_spent(record: dict) -> int:
-    """Runs the study has made so far (the baseline's and every variant's, seeds in its order)."""
-    return record["baseline"]["runs"] + sum(rec["runs"] for rec in record["variants"].values())
-
-
-def fixed_design_runs(plan: Plan, n_variants: int) -> int:
-    """Runs of the fixed design it replaces: every variant and the baseline at the budget."""
-    return (n_variants + 1) * plan.budget
+    return Record(plan, bool(higher_is_better), order,
+                  Baseline(baseline, sum(1 for s in order if s in base), base_needs,
+                           {s: base[s] for s in order if s in base}),
+                  variants, metric, fingerprint)

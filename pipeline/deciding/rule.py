@@ -1,60 +1,16 @@
 """The sequential stopping rule: each ablation vs the baseline, decided at seed counts fixed in advance.
 
-The rule. Before any run the study fixes the looks n_1 < ... < n_K (seed counts; n_K is the budget),
-the family-wise error alpha, the number m of comparisons (ablations vs the baseline) and, optionally,
-a margin delta. At look k every comparison not yet decided gets the paired t-interval of its first
-n_k differences (variant - baseline, seed by seed, seeds in a fixed order) at level
-1 - alpha / (m K): Bonferroni over the comparisons and the looks. Its verdict is
-- worse / better when the interval excludes 0 (the direction from the metric's; for a
-  lower-is-better metric such as val_loss a positive difference is worse),
-- equivalent when a margin is set and the interval lies strictly inside (-delta, delta),
-- otherwise continue (it gets the seeds of the next look), or undecided at the last look.
-A decided comparison takes no later look and gets no more seeds.
-
-Why every verdict holds with probability >= 1 - alpha. Let I_ik be the interval comparison i would
-get at look k. Its n_k is fixed before the study and its seeds are the first n_k of a fixed order,
-so I_ik is computed from the same n_k paired differences whatever happened at earlier looks: it is
-a plain fixed-n t-interval, and it misses the true difference Delta_i with probability
-alpha / (m K). By the union bound over the m K intervals that could ever be computed, all of them
-cover their Delta at once with probability >= 1 - alpha, under any dependence between them (nested
-looks, the shared baseline). Stopping only chooses which of them are reported, so the reported ones
-cover simultaneously with probability >= 1 - alpha, whatever the stopping. A verdict is wrong only
-if its interval misses Delta: "worse"/"better" states the sign of Delta, "equivalent" states
-|Delta| < delta, and a covering interval makes both true. So the family-wise rate of wrong verdicts
-is <= alpha (tests/test_deciding.py checks it by simulation, and that naive peeking fails there).
-
-What it is not.
-- Not the tightest valid rule under Bonferroni: the union bound ignores how strongly nested looks
-  are correlated, so the real error is below alpha (about 0.04 at alpha 0.05 and looks 3, 5, 8,
-  12, 20 in the simulation); a spending boundary (below) spends alpha exactly.
-- It assumes what the t-interval assumes: paired differences normal and independent across seeds.
-  At three seeds a heavy tail cannot be seen in the data.
-- The looks, alpha, m, delta and the boundary must be fixed before the first run; choosing any after
-  seeing results voids the proof. Seeds are used in their fixed order, never dropped or rerun.
-- "undecided" is not "equivalent": at the budget the interval still straddles 0 and a margin.
-- After adaptive stopping a fixed-n p-value or post-hoc power of the same data is not valid.
-
-Group-sequential boundaries (Plan.boundary "obf", "pocock", "rho"; method t). Bonferroni spends
-alpha / (m K) at every look whatever the looks' correlation, and pays for it in power. A spending
-boundary keeps the union bound over the m comparisons only: each comparison's looks share alpha / m
-by a Lan–DeMets function, through critical values c_k exact for the t statistics of nested looks
-(pipeline/deciding/boundary.py), and the interval at look k is mean +- c_k s / sqrt(n_k). These
-repeated confidence intervals cover Delta at every look at once with probability 1 - alpha / m under
-the t-model, so the proof above holds word for word with "the K intervals of a comparison" in place
-of "K intervals, each missing with probability alpha / (m K)". Stopping stays non-binding: the
-coverage holds whether or not a study stops where a boundary says it may.
-
-Zero variance (every seed gives the same difference, e.g. identical runs) is handled as
-pipeline.reporting.stats handles it: the interval is the point, said in a note, never NaN; it
-states no direction (round-off must not decide a sign).
-
-Distribution-free (Plan.method "median"). The same looks, level and union bound, each interval the
-order-statistic interval for the *median* difference: [d_(k), d_(n+1-k)] with the largest k for
-which 2 P(Binomial(n, 1/2) <= k - 1) <= 1 - level. For any continuous distribution of the
-differences it misses the median with probability <= alpha / (m K), so the proof above holds with
-"median" for "Delta" and no normality. The price: no interval exists until 2^(1-n) <= 1 - level
-(at alpha 0.05, m 1 and five looks: 8 seeds; `first_look`), and it is wider than the t-interval
-on normal data. Its verdicts are about the typical seed, not the mean.
+At look k every open comparison gets an interval for its paired difference (variant - baseline over
+its first n_k seeds): a t-interval at level 1 - alpha / (m K) (Bonferroni over the m comparisons and
+K looks), mean +- c_k s / sqrt(n_k) with critical values exact for nested looks (a spending boundary:
+pipeline/deciding/boundary.py), or the order-statistic interval for the median (method "median").
+Its verdict: worse / better when the interval excludes 0, equivalent when it lies inside
+(-margin, margin), otherwise continue, or undecided at the last look. Every interval that could
+ever be computed covers its difference at once with probability >= 1 - alpha, whatever the
+stopping, so every verdict holds with that probability. The rule, its proof and what it does not
+promise: docs/seeds-until-decided.md#the-rule-and-its-guarantee; tests/test_deciding.py checks it by
+simulation. Zero variance (every seed gives the same difference) gives the point as interval, said
+in a note and stating no direction, as pipeline.reporting.stats does.
 """
 from __future__ import annotations
 

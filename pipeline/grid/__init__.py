@@ -1,1 +1,2 @@
-"""The grid launcher: `python -m pipeline.grid` runs a study's independent DVC stages side by side."""
+"""The study's drivers, on the top floor: the grid launcher (`python -m pipeline.grid`, repro.py)
+and the rounds loop of seeds until decided (`python -m pipeline.grid.decide`)."""

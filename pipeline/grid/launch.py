@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.grid import signals
-from pipeline.grid.auto import SETTING as AUTO_WARM
 from pipeline.grid.dag import Task
 from pipeline.grid.eta import eta, kind
 from pipeline.grid.lifeline import end_groups
-from pipeline.progress import clock
+from pipeline.io.progress import clock
+from pipeline.warm.auto import SETTING as AUTO_WARM
 
 MAX_ATTEMPTS = 8
 LOCK_ERRORS = ("Unable to acquire lock", "is busy, it is being blocked by")
@@ -106,7 +106,7 @@ class Launcher:
         task.attempts += 1
         log = self.log_dir / (task.stages[0].replace("/", "_") + ".log")
         env = dict(os.environ)
-        env[AUTO_WARM] = "0"  # the launcher decides warm or cold, not each stage (pipeline/grid/auto.py)
+        env[AUTO_WARM] = "0"  # the launcher decides warm or cold, not each stage (pipeline/warm/auto.py)
         if threads and self.threads_env and self.threads_env not in os.environ:
             env[self.threads_env] = str(threads)
         if not direct:  # a direct run's output is the terminal's, not a log's

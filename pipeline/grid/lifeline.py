@@ -14,8 +14,8 @@ removes the folders. It also holds the workspace lock (lock.py) until then, so t
 cannot start among the old one's processes.
 
 `tie()` gives a process another way to notice: the read end of a pipe of its own whose write end
-the launcher holds (the warm server polls it), and `die_with_parent` asks the kernel for a signal
-when the parent goes (Linux's PR_SET_PDEATHSIG).
+the launcher holds (the warm server polls it; it also asks the kernel for a signal when its
+parent goes, pipeline.warm.server.die_with_parent).
 """
 from __future__ import annotations
 
@@ -28,21 +28,6 @@ import sys
 import time
 
 GRACE_S = 2.0  # a stage's own SIGTERM handling (atexit, MLflow) before SIGKILL
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> None:
-    """Ask the kernel to send `signum` to this process when its parent ends (Linux; elsewhere
-    nothing). `parent`: the pid this process was forked from; if it is already gone, die now."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if parent is not None and os.getppid() != parent:  # it ended before the call above
-        os.kill(os.getpid(), signum)
 
 
 def alive(group: int) -> bool:

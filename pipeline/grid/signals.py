@@ -30,16 +30,14 @@ class Stopped(BaseException):
 
 
 def install(forward=None) -> None:
+    """Stop signals raise Stopped here, Ctrl-Z is passed to `forward` (a callable taking a signal
+    number: the processes running get it); a call again replaces the last one's `forward`."""
     for signum in STOP:
         signal.signal(signum, _stop)
     signal.signal(signal.SIGTSTP, _pause)
     _forward.clear()
     if forward is not None:
         _forward.append(forward)
-
-
-def forward_to(forward) -> None:
-    _forward.append(forward)
 
 
 def children_signal(signum: int) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from model import attention
+from model import exact
 from pipeline.params import Params, model_config, resolve_variant
 from pipeline.train import flops_budget_tokens, flops_per_target_token
 
@@ -114,14 +114,14 @@ def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bo
         src_len, tgt_len = 0, src_len + tgt_len  # (logits at source positions too: a slight overcount)
     src = torch.ones(rows, src_len, dtype=torch.long, device="meta") if src_len else None
     tgt = torch.ones(rows, tgt_len, dtype=torch.long, device="meta")
-    traced = "meta" not in attention.WRITTEN_OUT_ON
-    attention.WRITTEN_OUT_ON.add("meta")  # what the CPU runs (pipeline/cpu_numerics.py); a GPU keeps less
+    traced = "meta" not in exact.WRITTEN_OUT_ON
+    exact.WRITTEN_OUT_ON.add("meta")  # what the CPU runs (pipeline/cpu_numerics.py); a GPU keeps less
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(src, tgt, tgt)
     finally:
         if traced:
-            attention.WRITTEN_OUT_ON.discard("meta")
+            exact.WRITTEN_OUT_ON.discard("meta")
     total = 0
     for t in seen.values():
         size = t.element_size() // 2 if bf16 and t.is_floating_point() else t.element_size()

@@ -16,9 +16,9 @@ seconds, scheduled on `jobs` slots as the grid launcher runs them.
   figure: both load a trained run and score held-out data.
 - Each figure is the median over the committed studies that measured it: one study run while the
   machine was busy moves it little.
-- Warm or cold: the grid launcher serves each stage from a warm server (pipeline/grid/warm.py),
+- Warm or cold: the grid launcher serves each stage from a warm server (pipeline/warm/),
   which takes a stage's imports and interpreter exit off its cost; so does a plain `dvc repro`
-  after its first stage (pipeline/grid/auto.py); ABLATION_LAB_WARM=0 and --cold do not.
+  after its first stage (pipeline/warm/auto.py); ABLATION_LAB_WARM=0 and --cold do not.
   The figures come from the committed studies run the same way (run.json `warm`); a family that
   no such study timed takes the cold figure, an upper bound.
 - Concurrency: list scheduling on `jobs` slots, dependencies as in dvc.yaml (the data stages in a

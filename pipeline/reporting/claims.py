@@ -2,31 +2,8 @@
 
 A preset that reruns a seed study (shared/seeds) lists what that study claimed: the claim in its
 words, its number or words, the quantity that is, and how to read our same quantity from this
-report's own data (`read`); never a number of ours typed into the preset. The readings:
-
-- delta: Δ `metric` of `variant` vs the baseline, paired by seed (the Δ table's, with its interval);
-  expect worse / better / same. With `versus` another variant, the same paired t-test against it
-  (not in the Δ table): a seed's two arms that both differ from our baseline, e.g. both with its mask.
-  `metric` train_loss: train.json's last logged training loss, the same paired t-test.
-- ppl_ratio: the variant's perplexity ÷ the baseline's, exp(Δ `metric`) (val_loss unless test_loss),
-  the geometric mean of the per-seed ratios, its interval exp() of the Δ's; expect lower / higher.
-- time_ratio: the variant's training wall time ÷ the baseline's (train.json wall_time_s), paired by
-  seed on the log scale like ppl_ratio; expect lower / higher.
-- value: the variant's (the baseline's when unset) mean `metric` over seeds with its interval, or
-  train.json's train_loss (the last logged training loss) or wall_time_s, beside `seed_value` ±
-  `tolerance`.
-- plateau: whether the variant's mean val_loss, its whole interval, ends below the unigram
-  plateau (eval.json's unigram_val_loss: a model that learnt only the tokens' frequencies); expect
-  stays ("does not converge": contradicted when it ends below) or leaves.
-- early_loss: how fast the loss falls: Δ of the mean validation loss over each run's first half of
-  training (the evaluations up to half its tokens; val_curve.csv) of `variant` vs `versus` (the
-  baseline when unset), paired by seed; expect lower (it falls faster) / higher.
-- param_count: a model the seed counted by hand (`config`: settings over the baseline's model),
-  built on the meta device, the sum of our parameter counts of `components` beside `seed_value` ±
-  `tolerance`: the seed's arithmetic checked by our model's own count.
-- filter_kept: the share of `split` (train) the length filter kept (filter.json), beside
-  `seed_value` ± `tolerance`.
-- none: nothing here measures it.
+report's own data (`read`; each reading's quantity: pipeline.reporting.claim_quantities); never a
+number of ours typed into the preset.
 
 The check is our verdict's. A direction (worse/better, lower/higher) agrees when the verdict of
 the Δ behind it (the primary metric's uncorrected test, a secondary metric's Holm-corrected one, a
@@ -48,13 +25,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from pipeline.deciding.record import Record
+from pipeline.reporting.claim_quantities import (TRAIN_VALUES, ci_text, delta_reading, early_loss, filter_kept,
+                                                 interval, median_passes, over_seeds, time_ratio)
 from pipeline.reporting.cost import contended
 from pipeline.reporting.decisions import look_level
-from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_p
-from pipeline.reporting.inputs import ReportInputError, number, values_by_seed
+from pipeline.reporting.formatting import MISSING, fmt
+from pipeline.reporting.inputs import ReportInputError
 from pipeline.reporting.render import Block, Heading, Paragraph, Table
-from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS, Results, unigram_plateau
-from pipeline.reporting.stats import Delta, higher_is_better, paired_delta, summarize
+from pipeline.reporting.results import BASE_METRICS, TASK_METRICS, Results, unigram_plateau
 
 AGREE, CONTRADICT, UNDECIDED, CANNOT = "agree", "contradict", "undecided", "cannot check here"
 NOT_COMPARABLE = "not comparable"
@@ -62,9 +41,6 @@ STATUSES = (AGREE, CONTRADICT, UNDECIDED, NOT_COMPARABLE, CANNOT)
 # Passes within this factor of the seed's: the same budget class, an order of magnitude (10 passes and
 # the seed's 50 epochs are one; 10 and its 300, where a causal model memorises at ~100, are not).
 BUDGET_CLASS = 10.0
-# value readings taken from train.json rather than eval.json; step_time_s: wall_time_s / steps
-TRAIN_VALUES = ("train_loss", "wall_time_s", "steps", "step_time_s")
-EARLY = 0.5  # early_loss: the share of a run's training tokens whose evaluations it averages
 FIXED_N = " [fixed-n, over the seeds the rounds chose: not covered by seeds until decided's guarantee]"
 
 
@@ -82,30 +58,6 @@ def check_claims(claims: Sequence[Mapping], variants: Sequence[str], where: str)
             raise ReportInputError(f"{key}.metric: {c['metric']!r} is not a reported metric ({', '.join(known)})")
 
 
-def _direction(verdict: str) -> str | None:
-    """'worse' / 'better' when the verdict found a difference, else None."""
-    return next((w for w in ("worse", "better") if verdict.startswith(w)), None)
-
-
-def _delta(results: Results, runs: Mapping, seeds: Sequence[int], variant: str, versus: str, baseline: str,
-           metric: str) -> Delta | None:
-    """The Δ table's Δ vs the baseline; against another variant (or of the training loss, which the Δ
-    table does not hold) the same paired t-test, uncorrected."""
-    if versus == baseline and metric not in TRAIN_VALUES:
-        return results.deltas.get(variant, {}).get(metric)
-    stage = "train" if metric in TRAIN_VALUES else "eval"
-    values = [values_by_seed(runs, v, seeds, stage, metric) for v in (variant, versus)]
-    return paired_delta(*values, higher_is_better(metric))
-
-
-def _interval(mean: float, half: float | None) -> tuple[float, float] | None:
-    return None if half is None else (mean - half, mean + half)
-
-
-def _ci_text(low_high: tuple[float, float] | None) -> str:
-    return "no interval" if low_high is None else f"95% CI [{fmt(low_high[0], 3)}, {fmt(low_high[1], 3)}]"
-
-
 def _inside(value: float | None, low_high: tuple[float, float] | None) -> str:
     if value is None or low_high is None:
         return ""
@@ -113,43 +65,36 @@ def _inside(value: float | None, low_high: tuple[float, float] | None) -> str:
     return f"; the seed's {fmt(value)} is {where} it"
 
 
-def _sequential(decided: Mapping | None, variant: str, versus: str, baseline: str, metric: str) -> dict | None:
+def _sequential(decided: Record | None, variant: str, versus: str, baseline: str, metric: str) -> dict | None:
     """The record's last look at `variant` (n, mean, lo, hi, verdict) when the claim is one the record
     decides: Δ of the primary metric against the baseline; else None."""
-    if not decided or versus != baseline or metric != decided.get("metric"):
+    if not decided or versus != baseline or metric != decided.metric:
         return None
-    v = decided["variants"].get(variant)
-    if not v or not v["looks"]:
+    v = decided.variants.get(variant)
+    if not v or not v.looks:
         return None
-    return {**v["looks"][-1], "state": v["state"]}
+    return {**v.looks[-1].to_json(), "state": v.state}
 
 
 def read_claim(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int], baseline: str,
-               filter_metrics: Mapping | None, decided: Mapping | None = None) -> dict:
+               filter_metrics: Mapping | None, decided: Record | None = None) -> dict:
     """Our number on the claim's quantity and the check: {"ours": text, "status", "reason",
     "mean", "low", "high", "n"} (numbers None where absent). A verdict only where the quantity,
     the arm and the budget class are the seed's; else "not comparable", the differences named."""
     out = _read(claim, results, runs, seeds, baseline, filter_metrics, decided)
     if out["status"] == CANNOT and out["mean"] is None:
         return out  # nothing of ours to compare
-    passes = _passes(runs, claim.get("variant") or baseline, seeds)
+    passes = median_passes(runs, claim.get("variant") or baseline, seeds)
     if claim.get("seed_passes") and passes is not None:
         out["ours"] += f" [{fmt(passes)} passes; the seed's number: {fmt(claim['seed_passes'])}]"
     differs = differences(claim, baseline, passes)
     return {**out, "status": NOT_COMPARABLE, "reason": "; ".join(differs)} if differs else out
 
 
-def _passes(runs: Mapping, variant: str, seeds: Sequence[int]) -> float | None:
-    """The median over seeds of the variant's passes over its training data (train.json), None if unrecorded."""
-    passes = sorted(p for p in ((runs[(variant, s)].train or {}).get("passes") for s in seeds if (variant, s) in runs)
-                    if p is not None)
-    return passes[len(passes) // 2] if passes else None
-
-
 def differences(claim: Mapping, baseline: str, passes: float | None) -> list[str]:
     """How the claim's reading differs from the seed's: the quantity (comparable: false), a setting of
     seed_conditions that an arm of ours lacks (claim["arms"]: resolved settings, pipeline.report), our
-    `passes` (the variant's, _passes) outside BUDGET_CLASS of seed_passes."""
+    `passes` (the variant's, median_passes) outside BUDGET_CLASS of seed_passes."""
     out = [] if claim.get("comparable", True) else ["not the seed's quantity (comparable: false)"]
     if claim["read"] in ("filter_kept", "param_count", "none"):
         return out
@@ -174,7 +119,7 @@ def differences(claim: Mapping, baseline: str, passes: float | None) -> list[str
 
 
 def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int], baseline: str,
-          filter_metrics: Mapping | None, decided: Mapping | None = None) -> dict:
+          filter_metrics: Mapping | None, decided: Record | None = None) -> dict:
     """read_claim before the comparability check: the reading and our verdict's check."""
     read, variant, metric = claim["read"], claim.get("variant"), claim.get("metric")
     out = {"ours": MISSING, "status": CANNOT, "reason": "", "mean": None, "low": None, "high": None, "n": 0}
@@ -183,35 +128,18 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
     versus = claim.get("versus") or baseline
     if read in ("delta", "ppl_ratio", "time_ratio") and variant == versus:
         return {**out, "reason": f"{variant} is the variant it is compared with: no Δ"}
-    vs = ("" if versus == baseline and metric not in TRAIN_VALUES
-          else f" vs {versus} (paired t-test, not in the Δ table)")
     direction = None  # 'worse'/'better' (delta) or 'lower'/'higher' (ratios) as our verdict says; None: no difference
     if read in ("delta", "ppl_ratio"):
         metric = metric or "val_loss"
-        d = _delta(results, runs, seeds, variant, versus, baseline, metric)
         seq = _sequential(decided, variant, versus, baseline, metric)
         if seq is not None:
             return _read_sequential(claim, read, seq, decided, out)
-        if d is None or d.mean is None:
+        got = delta_reading(read, results, runs, seeds, variant, versus, baseline, metric)
+        if got is None:
             return {**out, "reason": f"no Δ {metric} of {variant} vs {versus} in this study's runs"}
-        source = DERIVED.get(metric) if metric != results.primary else None
-        tested = (_delta(results, runs, seeds, variant, versus, baseline, source) or d) if source else d
-        verdict = tested.verdict
-        low_high = _interval(d.mean, d.half_width)
-        if read == "delta":
-            mean = d.mean
-            ours = (f"Δ{vs} {mean:+.3g} ({_ci_text(low_high)}, {d.n} paired seed{'s' * (d.n != 1)}, "
-                    f"p {fmt_p(tested.p_value)}{f' of {source}' if source else ''}): {verdict}")
-            direction = _direction(verdict)
-        else:
-            mean = math.exp(d.mean)
-            low_high = None if low_high is None else (math.exp(low_high[0]), math.exp(low_high[1]))
-            ours = (f"ratio{vs} {fmt(mean)} ({_ci_text(low_high)}; exp of Δ {metric} {d.mean:+.3g}, "
-                    f"p {fmt_p(tested.p_value)}): {verdict}")
-            direction = {"worse": "higher", "better": "lower"}.get(_direction(verdict) or "")
-        n = d.n
+        mean, low_high, n, direction, ours = got
     elif read == "time_ratio":
-        got = _time_ratio(runs, seeds, variant, versus)
+        got = time_ratio(runs, seeds, variant, versus)
         if got is None:
             return {**out, "reason": f"no paired training wall times (train.json) for {variant} and {versus}"}
         mean, low_high, n, direction, ours = got
@@ -221,7 +149,7 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
             return {**out, "ours": ours, "mean": mean, "n": n,
                     "reason": "some of these runs were timed under contention: their times are not the seed's quantity"}
     elif read == "early_loss":
-        got = _early_loss(runs, seeds, variant, versus)
+        got = early_loss(runs, seeds, variant, versus)
         if got is None:
             return {**out, "reason": f"no paired validation curves (val_curve.csv) for {variant} and {versus}"}
         mean, low_high, n, direction, ours = got
@@ -229,17 +157,17 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
         return _read_param_count(claim, out)
     elif read == "value":
         variant = variant or baseline
-        s, where = _value(results, runs, seeds, variant, metric)
+        s, where = over_seeds(results, runs, seeds, variant, metric)
         if s is None or s.mean is None:
             return {**out, "reason": f"no {metric} for {variant} in this study's runs"}
         mean, n = s.mean, s.n
-        low_high = _interval(s.mean, s.half_width)
-        ours = f"{variant}, {where}: {fmt(mean)} ({_ci_text(low_high)}, {n} seed{'s' * (n != 1)})"
+        low_high = interval(s.mean, s.half_width)
+        ours = f"{variant}, {where}: {fmt(mean)} ({ci_text(low_high)}, {n} seed{'s' * (n != 1)})"
     elif read == "plateau":
         return _read_plateau(claim, results, runs, variant, decided, out)
     else:  # filter_kept: a count, not an estimate over seeds
         split = claim.get("split") or "train"
-        kept = _filter_kept(filter_metrics, split)
+        kept = filter_kept(filter_metrics, split)
         if kept is None:
             return {**out, "reason": f"no {split} split counts in filter.json"}
         (mean, n, ours), low_high = kept, (kept[0], kept[0])
@@ -253,67 +181,6 @@ def _read(claim: Mapping, results: Results, runs: Mapping, seeds: Sequence[int],
         return out  # not the seed's quantity: read_claim says so, no check
     status, reason = _check(claim, read, direction, mean, low_high)
     return {**out, "status": status, "reason": reason}
-
-
-def _filter_kept(filter_metrics: Mapping | None, split: str) -> tuple[float, int, str] | None:
-    """(share of `split` the length filter kept, 1, our text) from filter.json; None without its counts."""
-    counts = ((filter_metrics or {}).get("splits") or {}).get(split)
-    raw, dropped = number(counts, "raw"), number(counts, "dropped_length")
-    if not raw or dropped is None:
-        return None
-    share = (raw - dropped) / raw
-    return share, 1, f"{share:.1%} of {split} kept by length ({round(raw - dropped):,} of {round(raw):,}; filter.json)"
-
-
-def _value(results: Results, runs: Mapping, seeds: Sequence[int], variant: str, metric: str) -> tuple:
-    """A variant's summary of `metric` over seeds (train.json's for TRAIN_VALUES) and where it is read from."""
-    if metric == "step_time_s":
-        walls, steps = (values_by_seed(runs, variant, seeds, "train", k) for k in ("wall_time_s", "steps"))
-        s = summarize([walls[seed] / steps[seed] for seed in walls if steps.get(seed)])
-        return s, "train.json wall_time_s / steps, seconds per optimizer step"
-    if metric in TRAIN_VALUES:
-        s = summarize(list(values_by_seed(runs, variant, seeds, "train", metric).values()))
-        return s, f"train.json {metric}" + (", last logged" if metric == "train_loss" else "")
-    return results.summaries.get(variant, {}).get(metric), f"{metric} {arrow(metric)}"
-
-
-def _time_ratio(runs: Mapping, seeds: Sequence[int], variant: str, versus: str) -> tuple | None:
-    """The training wall-time ratio paired by seed on the log scale: (mean, interval, n, direction, text)."""
-    times = {v: {s: math.log(t) for s, t in values_by_seed(runs, v, seeds, "train", "wall_time_s").items() if t > 0}
-             for v in (variant, versus)}
-    d = paired_delta(times[variant], times[versus], higher_better=False)
-    if d.mean is None:
-        return None
-    mean, low_high = math.exp(d.mean), _interval(d.mean, d.half_width)
-    low_high = None if low_high is None else (math.exp(low_high[0]), math.exp(low_high[1]))
-    direction = {"worse": "higher", "better": "lower"}.get(_direction(d.verdict) or "")
-    ours = (f"ratio {fmt(mean)} ({_ci_text(low_high)}, {d.n} paired seed{'s' * (d.n != 1)}, "
-            f"p {fmt_p(d.p_value)}, paired t-test of log wall time): "
-            + (f"{direction} than {versus}'s" if direction else d.verdict))
-    return mean, low_high, d.n, direction, ours
-
-
-def early_mean(curve) -> float | None:
-    """The mean val_loss of a run's evaluations within the first EARLY of its training tokens."""
-    if curve is None or curve.empty:
-        return None
-    first = curve[curve["tokens"] <= EARLY * curve["tokens"].max()]["val_loss"].dropna()
-    return float(first.mean()) if len(first) else None
-
-
-def _early_loss(runs: Mapping, seeds: Sequence[int], variant: str, versus: str) -> tuple | None:
-    """Δ of the early mean val_loss (early_mean), paired by seed: (mean, interval, n, direction, text)."""
-    early = {v: {s: m for s in seeds if (v, s) in runs and (m := early_mean(runs[(v, s)].val_curve)) is not None}
-             for v in (variant, versus)}
-    d = paired_delta(early[variant], early[versus], higher_better=False)
-    if d.mean is None:
-        return None
-    low_high = _interval(d.mean, d.half_width)
-    direction = {"worse": "higher", "better": "lower"}.get(_direction(d.verdict) or "")
-    ours = (f"Δ vs {versus} {d.mean:+.3g} ({_ci_text(low_high)}, {d.n} paired seed{'s' * (d.n != 1)}, "
-            f"p {fmt_p(d.p_value)}, paired t-test of the mean val_loss over the first {EARLY:.0%} of training): "
-            + (f"{direction} than {versus}'s" if direction else d.verdict))
-    return d.mean, low_high, d.n, direction, ours
 
 
 def _read_param_count(claim: Mapping, out: dict) -> dict:
@@ -331,16 +198,16 @@ def _read_param_count(claim: Mapping, out: dict) -> dict:
     return {**out, "status": status, "reason": f"{reason}; ours − the seed's: {mean - claim['seed_value']:+,.0f}"}
 
 
-def _read_plateau(claim: Mapping, results: Results, runs: Mapping, variant: str, decided: Mapping | None,
+def _read_plateau(claim: Mapping, results: Results, runs: Mapping, variant: str, decided: Record | None,
                   out: dict) -> dict:
     """read plateau: does the variant's whole val_loss interval end below the unigram plateau?"""
     s = results.summaries.get(variant, {}).get("val_loss")
     plateau = unigram_plateau(runs)
     if s is None or s.mean is None or plateau is None:
         return {**out, "reason": f"no val_loss for {variant} or no unigram plateau (eval.json) in this study"}
-    low_high = _interval(s.mean, s.half_width)
+    low_high = interval(s.mean, s.half_width)
     top, share = (low_high[1] if low_high else s.mean), 1 - s.mean / plateau
-    ours = (f"{variant}, val_loss {fmt(s.mean)} ({_ci_text(low_high)}, {s.n} seed{'s' * (s.n != 1)}) against the "
+    ours = (f"{variant}, val_loss {fmt(s.mean)} ({ci_text(low_high)}, {s.n} seed{'s' * (s.n != 1)}) against the "
             f"unigram plateau {fmt(plateau)}: {abs(share):.0%} {'below' if share > 0 else 'above'} it"
             + (FIXED_N if decided else ""))
     out = {**out, "ours": ours, "mean": s.mean, "low": low_high[0] if low_high else None, "high": top, "n": s.n}
@@ -352,18 +219,18 @@ def _read_plateau(claim: Mapping, results: Results, runs: Mapping, variant: str,
                                                  "whatever its Δ" if left else "our interval reaches the plateau")}
 
 
-def _read_sequential(claim: Mapping, read: str, seq: Mapping, decided: Mapping, out: dict) -> dict:
+def _read_sequential(claim: Mapping, read: str, seq: Mapping, decided: Record, out: dict) -> dict:
     """read_claim under seeds until decided: the record's verdict and interval, not the fixed-n test."""
-    plan = decided["plan"]
+    plan = decided.plan
     mean, low, high, state = seq["mean"], seq["lo"], seq["hi"], seq["state"]
     words = {"continue": "not decided yet", "undecided": "undecided at the budget",
-             "equivalent": f"equivalent (inside ±{plan.get('margin')})"}.get(state, state)
+             "equivalent": f"equivalent (inside ±{plan.margin})"}.get(state, state)
     interval = f"{look_level(plan, seq['n']):.2%} sequential interval"
     if read == "delta":
         ours = f"Δ {mean:+.3g} ({interval} [{fmt(low, 3)}, {fmt(high, 3)}], {seq['n']} paired seeds): {words}"
     else:
         mean, low, high = math.exp(mean), math.exp(low), math.exp(high)
-        ours = (f"ratio {fmt(mean)} ({interval} [{fmt(low, 3)}, {fmt(high, 3)}]; exp of Δ {decided['metric']} "
+        ours = (f"ratio {fmt(mean)} ({interval} [{fmt(low, 3)}, {fmt(high, 3)}]; exp of Δ {decided.metric} "
                 f"{seq['mean']:+.3g}, {seq['n']} paired seeds): {words}")
     if claim.get("seed_value") is not None:
         ours += _inside(claim["seed_value"], (low, high))
@@ -420,7 +287,7 @@ def _check(claim: Mapping, read: str, direction: str | None, mean: float,
 
 
 def claims_blocks(claims: Sequence[Mapping], results: Results, runs: Mapping, seeds: Sequence[int],
-                  baseline: str, filter_metrics: Mapping | None, decided: Mapping | None = None) -> list[Block]:
+                  baseline: str, filter_metrics: Mapping | None, decided: Record | None = None) -> list[Block]:
     """The "Seed's claims" section: one row per claim, ours beside the seed's; [] without claims."""
     if not claims:
         return []
@@ -450,7 +317,7 @@ def claims_blocks(claims: Sequence[Mapping], results: Results, runs: Mapping, se
 
 
 def claims_summary(claims: Sequence[Mapping], results: Results, runs: Mapping, seeds: Sequence[int],
-                   baseline: str, filter_metrics: Mapping | None, decided: Mapping | None = None) -> list[dict]:
+                   baseline: str, filter_metrics: Mapping | None, decided: Record | None = None) -> list[dict]:
     """details.json's "seed_claims": each claim's reading and check."""
     out = []
     for c in claims:

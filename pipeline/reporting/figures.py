@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pipeline.deciding.record import Record
 from pipeline.reporting import plots
 from pipeline.reporting.inputs import Run, number
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph
@@ -46,18 +47,19 @@ def curve_blocks(runs, variants, seeds, colors, figures_dir: Path) -> list[Block
                    "(eval.json)." + "".join(f" {a.capitalize()}." for a in absent))]
 
 
-def _sequential_deltas(decided: Mapping) -> dict[str, Delta]:
+def _sequential_deltas(decided: Record) -> dict[str, Delta]:
     """Seeds until decided: each comparison's last look as a Delta (its interval at the study's
     level, its verdict; no fixed-n p-value, which is not valid after adaptive stopping)."""
     out = {}
-    for name, v in decided["variants"].items():
-        look = v["looks"][-1] if v["looks"] else None
+    for name, v in decided.variants.items():
+        look = v.looks[-1] if v.looks else None
         out[name] = (Delta(0, None, None, None, "no look yet") if look is None else
-                     Delta(look["n"], look["mean"], (look["hi"] - look["lo"]) / 2, None, f"{v['state']} (n={look['n']})"))
+                     Delta(look.n, look.mean, (look.hi - look.lo) / 2, None, f"{v.state} (n={look.n})"))
     return out
 
 
-def delta_blocks(results: Results, baseline: str, colors, figures_dir: Path, decided: Mapping | None = None) -> list[Block]:
+def delta_blocks(results: Results, baseline: str, colors, figures_dir: Path,
+                 decided: Record | None = None) -> list[Block]:
     if not results.deltas:
         return [Paragraph("Δ figure not drawn: there is no variant besides the baseline.")]
     metrics = ["val_loss"] + ([results.main_metric] if results.main_metric else [])
@@ -66,15 +68,15 @@ def delta_blocks(results: Results, baseline: str, colors, figures_dir: Path, dec
     panels = [(m, higher_is_better(m), {v: results.deltas[v][m] for v in results.deltas}) for m in metrics]
     if decided:  # the primary metric's panel shows the sequential intervals and verdicts
         seq = _sequential_deltas(decided)
-        panels = [(m, hb, {v: seq[v] for v in deltas}) if m == decided["metric"] else (m, hb, deltas)
+        panels = [(m, hb, {v: seq[v] for v in deltas}) if m == decided.metric else (m, hb, deltas)
                   for m, hb, deltas in panels]
     plots.plot_deltas(panels, baseline, colors, figures_dir / "deltas.png")
     if decided:
         return [Figure("figures/deltas.png",
                        f"Δ vs {baseline} paired by seed: bar = mean difference, error bar = the interval; for "
-                       f"{decided['metric']} the sequential interval "
-                       + ("(each look's level: Seeds until decided) " if "levels" in decided["plan"]
-                          else f"at level {decided['plan']['level']:.4f} ")
+                       f"{decided.metric} the sequential interval "
+                       + ("(each look's level: Seeds until decided) " if decided.plan.boundary != "bonferroni"
+                          else f"at level {decided.plan.level:.4f} ")
                        + "of each comparison's last look and its verdict (Seeds until decided)"
                        + (f"; for {results.main_metric} the fixed-n 95% t-interval and Holm verdict over every seed "
                           "run, not valid after adaptive stopping" if results.main_metric else "") + ".")]

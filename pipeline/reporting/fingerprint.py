@@ -3,7 +3,7 @@
 The sha256 of every trained model.pt (main runs), and how the CPU kernels ran (train.json
 cpu_numerics). dvc.lock cannot say it alone: it hashes each run's folder as a whole, and that
 folder's train.json holds clocks (wall time, tokens/s, start and end), so its hash differs on
-every rerun even when the weights are the same bits. `python -m pipeline.reproduced` compares a
+every rerun even when the weights are the same bits. `python -m scripts.reproduced` compares a
 study's fingerprint and metrics.json with the committed ones.
 """
 from __future__ import annotations

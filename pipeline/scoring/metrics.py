@@ -7,7 +7,7 @@ import importlib.util
 import re
 import sys
 
-from pipeline.progress import Progress
+from pipeline.io.progress import Progress
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
-from pipeline.atomic import atomic_path, atomic_write_json
+from pipeline.io.atomic import atomic_path, atomic_write_json
 from pipeline.params import fields_at
 from pipeline.sources import hub
 from pipeline.sources.http import ChecksumError, DownloadError, cache_path, fetch, sha256_file, verify

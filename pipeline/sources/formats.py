@@ -27,7 +27,7 @@ NL = "\n"
 _BLANK = re.compile(r"[ \t\n\r]*")
 
 if TYPE_CHECKING:
-    from pipeline.progress import Progress
+    from pipeline.io.progress import Progress
 
 
 def is_parquet(path: Path) -> bool:

@@ -3,7 +3,7 @@ Shakespeare's GitHub raw file): stdlib urllib, the whole file at a time. Hub fil
 downloaded by the hub's own client (pipeline/sources/hub.py).
 
 - The file is written to a temporary next to `dest` and renamed onto it only once its sha256 (when
-  pinned) checks out (pipeline.atomic.atomic_path): a failed download never leaves a file at `dest`.
+  pinned) checks out (pipeline.io.atomic.atomic_path): a failed download never leaves a file at `dest`.
 - Server errors (408/425/429/5xx), timeouts (a socket silent for `timeout` seconds) and lost
   connections are retried from byte 0 with exponential backoff, `retries` times at most; other
   HTTP errors (404, 403, ...) are raised at once. A host that cannot be reached at all on the first
@@ -25,7 +25,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 from pipeline.params import default_cache_dir  # noqa: F401 - part of this module's API
 
 log = logging.getLogger(__name__)

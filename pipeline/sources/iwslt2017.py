@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.progress import Progress
+from pipeline.io.progress import Progress
 from pipeline.sources.common import (
     Direction, HubOptions, NeededFile, RawWriter, RemoteFiles, Split, hub_file, parse_options, shown, write_raw,
 )

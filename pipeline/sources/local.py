@@ -73,7 +73,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, PositiveInt, Tag, field_validator
 
-from pipeline.progress import Progress
+from pipeline.io.progress import Progress
 from pipeline.sources.common import RawWriter, Split, parse_options, shown
 from pipeline.sources.formats import PARQUET_MAGIC, is_parquet, iter_csv, iter_json, iter_jsonl, iter_parquet
 from pipeline.sources.http import sha256_file

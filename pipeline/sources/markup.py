@@ -27,7 +27,7 @@ from pipeline.sources.plain_text import aligned
 from pipeline.sources.text_io import iter_raw_lines, open_text, quote
 
 if TYPE_CHECKING:
-    from pipeline.progress import Progress
+    from pipeline.io.progress import Progress
 
 XML_STARTS = ("<?xml", "<mteval", "<srcset", "<refset", "<doc", "<seg", "<!doctype")
 _TAG_LINE = re.compile(r"\s*<([A-Za-z][\w-]*)(\s[^>]*)?>.*</\1>\s*$")  # <t ..>..</t> on one line

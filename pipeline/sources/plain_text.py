@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pipeline.sources.text_io import chunks, iter_raw_lines, open_text, quote, too_long
 
 if TYPE_CHECKING:
-    from pipeline.progress import Progress
+    from pipeline.io.progress import Progress
 
 
 def split_paragraphs(text: str) -> list[str]:

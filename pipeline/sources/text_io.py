@@ -6,7 +6,7 @@ its file here. Text is read a chunk at a time, so memory is bounded by a chunk a
 record, never by the file: a record longer than `limit` characters (a file without line breaks, a
 misnamed binary) is an error naming the file and line. A gzip file is decompressed as it is read;
 a leading byte-order mark is dropped; a bad byte is reported with its offset and line, never as a
-bare codec error. `progress` (pipeline.progress) is advanced by the bytes read.
+bare codec error. `progress` (pipeline.io.progress) is advanced by the bytes read.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 20
 
 if TYPE_CHECKING:
-    from pipeline.progress import Progress
+    from pipeline.io.progress import Progress
 
 
 def head_bytes(path: Path, n: int = 4) -> bytes:

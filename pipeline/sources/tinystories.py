@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import Field, PositiveInt
 
-from pipeline.progress import Progress
+from pipeline.io.progress import Progress
 from pipeline.sources.common import HubOptions, NeededFile, RawWriter, RemoteFiles, Split, hub_file, parse_options
 from pipeline.sources.plain_text import delimited_batches
 

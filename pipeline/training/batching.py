@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
 
 # A token-cache temporary untouched this long was left by a killed builder (a live one writes on).
 STALE_TEMP_S = 600

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.atomic import FULL, DiskFull, atomic_path, free_bytes
+from pipeline.io.atomic import FULL, DiskFull, atomic_path, free_bytes
 from pipeline.training.device import all_reduce, broadcast
 
 _NAME = re.compile(r"step-(\d{8})\.pt$")
@@ -74,7 +74,7 @@ def save(directory: Path, step: int, state: dict, keep: int) -> Path:
 def save_torch(obj: Any, path: Path) -> None:
     """torch.save through a Python file: a full disk then raises OSError(ENOSPC), where torch's own
     file writer says only "unexpected pos 268800 vs 268688", and it becomes DiskFull with the bytes
-    the tensors need (pipeline.atomic)."""
+    the tensors need (pipeline.io.atomic)."""
     try:
         with open(path, "wb") as f:
             torch.save(obj, f)

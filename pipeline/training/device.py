@@ -159,6 +159,13 @@ def autocast(device: torch.device, enabled: bool):
     return contextlib.nullcontext()
 
 
+def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A batch tensor on `device`; on CUDA copied from pinned memory without waiting for the copy."""
+    if t is None or device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def peak_flops(device: torch.device) -> tuple[float | None, str]:
     """(peak FLOP/s of one device, where the number comes from) for MFU."""
     if device.type == "cuda":

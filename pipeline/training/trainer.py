@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.progress import clock
+from pipeline.io.progress import clock
 from pipeline.training import checkpoint
 from pipeline.training.batching import (ATTENTION_ALIGN, Split, collate, lm_batches, lm_collate, lm_stream,
                                        pad_for_compile, seq2seq_batches)
-from pipeline.training.device import (Cluster, all_gather, all_reduce, autocast, check_replicas_identical, resolve_device,
-                                      resolve_precision, run_slots)
+from pipeline.training.device import (Cluster, all_gather, all_reduce, autocast, check_replicas_identical,
+                                      resolve_device, resolve_precision, run_slots, to_device)
 from pipeline.training.gpu_lock import claimed
 from pipeline.training.optim import make_optimizer, make_scheduler, uses_fused
 
@@ -165,194 +165,234 @@ def evaluate_loss(model, data: Data, batches: list[np.ndarray], device, use_auto
 def train(model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker=None, log=print,
           cluster: Cluster = Cluster()) -> dict:
     """Train `model` to the budget in `cfg` (the `train` section); return the final metrics."""
-    device = resolve_device(cfg["device"], cluster, run_slots(cfg, model, data.lm))
-    precision = resolve_precision(cfg["precision"], device)
-    use_autocast = precision == "bf16"
-    log = log if cluster.main else _silent
-    for seed_fn in (random.seed, np.random.seed, torch.manual_seed):
-        seed_fn(data.seed + cluster.rank)  # ranks draw different dropout masks
-    model.to(device)
-    optimizer = make_optimizer(model, cfg["lr"], cfg["betas"], cfg["eps"], cfg["weight_decay"], device,
-                               cfg["decay_embeddings"], precision)
-    per_step = cfg["grad_accum"] * cluster.world
-    total_steps, budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"], per_step)
-    scheduler = make_scheduler(optimizer, cfg["schedule"], cfg["warmup_steps"], total_steps, cfg["min_lr_ratio"],
-                               cfg.get("warmup_start", "one"))
-    eval_windows, keep = cfg.get("eval_windows", "first"), cfg.get("keep", "last")
-    val_batches = data.val_batches(cfg["eval_examples"], eval_windows)
-    s = {"step": 0, "tokens": 0, "epoch": 0, "index": 0, "train_rows": [], "val_rows": [], "elapsed": 0.0}
-    # This rank's share, saved per rank. "shape": micro-batches, rows, source and target lengths
-    # (padded), summed: the mean batch the planner's time model is calibrated on.
-    mine = {"loss_acc": [0.0, 0], "pad": [0, 0], "shape": [0, 0, 0, 0]}
-    # train.keep = best: the lowest in-loop estimate so far, its step and the weights (on the CPU).
-    best: dict | None = None
-    resumed = checkpoint.load_for_ranks(ckpt_dir, run_hash, device)
-    if resumed is not None:
-        model.load_state_dict(resumed["model"])
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-        ranks = resumed.get("ranks", [])
-        mine = ranks[cluster.rank] if len(ranks) == cluster.world else {
-            "rng": resumed["rng"], "loss_acc": resumed["loop"].get("loss_acc", [0.0, 0]),
-            "pad": resumed["loop"].get("pad", [0, 0])}
-        checkpoint.set_rng_state(mine["rng"])
-        s = resumed["loop"]
-        best = resumed.get("best")
-        log(f"resumed from step {s['step']} ({ckpt_dir})")
-    saved = s["step"] if resumed is not None else None  # the step of the last good checkpoint
-    ddp = step_model = model
-    if cluster.world > 1:
-        from torch.nn.parallel import DistributedDataParallel
+    loop = Loop(model, data, cfg, ckpt_dir, run_hash, tracker, log if cluster.main else lambda *_: None, cluster)
+    while loop.state["step"] < loop.total_steps:
+        loop.step()
+        step, last = loop.state["step"], loop.state["step"] == loop.total_steps
+        if step % cfg["log_every"] == 0 or last:
+            loop.log()
+        if step % cfg["eval_every"] == 0 or last:
+            loop.evaluate()
+        if step % cfg["checkpoint_every"] == 0 and not last:
+            loop.checkpoint()
+    return loop.finish()
 
-        # No buffer sync in forward: the buffers are constants (position tables), and a collective
-        # inside forward would deadlock the unevenly sharded evaluation.
-        ddp = step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                                   forward_sync_buffers=False)
-    if cfg["compile"]:
-        step_model = compiled(ddp, device, dynamic=not data.lm)
-    # The encoder-decoder's attention sees the source and target lengths themselves, so padding
-    # them to ATTENTION_ALIGN keeps CUDA's alignment guards true for every batch (on CPU too, so
-    # the CPU tests see the GPU's shapes). Decoder-only models attend over the packed length, a
-    # data-dependent sum no padding here fixes, and padded targets would only lengthen it.
-    align = ATTENTION_ALIGN if model.cfg.arch == "encoder_decoder" else 1
-    # Validation runs eager: compiled, no_grad and eval mode are a second graph to compile (a
-    # minute on CPU) for a pass that runs once every eval_every steps.
-    eval_model = model
-    log(f"training {total_steps} steps, {budget_tokens} target tokens, on {device}"
-        + (f" x {cluster.world} ranks" if cluster.world > 1 else "")
-        + f", {precision}" + (", compiled" if cfg["compile"] else ""))
-    loss_sum = torch.tensor(mine["loss_acc"][0], device=device)
-    loss_tokens, pad, shape = mine["loss_acc"][1], list(mine["pad"]), list(mine.get("shape", [0, 0, 0, 0]))
-    started = time.perf_counter() - s["elapsed"]
-    window_start, here = s["step"], (s["step"], time.perf_counter())  # `here`: this process's start, for ETA
-    bad_step = torch.full((), -1, device=device, dtype=torch.long)
-    bar = _progress(total_steps, s["step"]) if cluster.main else None
-    model.train()
-    while s["step"] < total_steps:
+
+class Loop:
+    """One run's training, set up and resumed. `state` is its place as a checkpoint saves it (step, tokens,
+    epoch and index in the batch plan, curve rows, seconds); `best` the lowest estimate (train.keep = best)."""
+
+    def __init__(self, model, data: Data, cfg: dict, ckpt_dir: Path, run_hash: str, tracker, say, cluster: Cluster):
+        self.model, self.data, self.cfg, self.ckpt_dir, self.run_hash = model, data, cfg, ckpt_dir, run_hash
+        self.tracker, self.say, self.cluster = tracker, say, cluster
+        device = self.device = resolve_device(cfg["device"], cluster, run_slots(cfg, model, data.lm))
+        self.precision = resolve_precision(cfg["precision"], device)
+        for seed_fn in (random.seed, np.random.seed, torch.manual_seed):
+            seed_fn(data.seed + cluster.rank)  # ranks draw different dropout masks
+        model.to(device)
+        self.optimizer = make_optimizer(model, cfg["lr"], cfg["betas"], cfg["eps"], cfg["weight_decay"], device,
+                                        cfg["decay_embeddings"], self.precision)
+        self.per_step = cfg["grad_accum"] * cluster.world
+        self.total_steps, self.budget_tokens = plan_steps(data, cfg["budget_tokens"], cfg["budget_steps"],
+                                                          self.per_step)
+        self.scheduler = make_scheduler(self.optimizer, cfg["schedule"], cfg["warmup_steps"], self.total_steps,
+                                        cfg["min_lr_ratio"], cfg["warmup_start"])
+        self.val_batches = data.val_batches(cfg["eval_examples"], cfg["eval_windows"])
+        self.state = {"step": 0, "tokens": 0, "epoch": 0, "index": 0, "train_rows": [], "val_rows": [], "elapsed": 0.0}
+        self.best, self.saved, self.resumed = None, None, False  # saved: the step of the last good checkpoint
+        # This rank's share, saved per rank. "shape": micro-batches, rows, source and target lengths
+        # (padded), summed: the mean batch the planner's time model is calibrated on.
+        mine = self.resume() or {"loss_acc": [0.0, 0], "pad": [0, 0], "shape": [0, 0, 0, 0]}
+        self.ddp = self.step_model = model
+        if cluster.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # No buffer sync in forward: the buffers are constants (position tables), and a collective
+            # inside forward would deadlock the unevenly sharded evaluation.
+            self.ddp = self.step_model = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False)
+        if cfg["compile"]:
+            self.step_model = compiled(self.ddp, device, dynamic=not data.lm)
+        # The encoder-decoder's attention sees the source and target lengths themselves, so padding
+        # them to ATTENTION_ALIGN keeps CUDA's alignment guards true for every batch (on CPU too, so
+        # the CPU tests see the GPU's shapes). Decoder-only models attend over the packed length, a
+        # data-dependent sum no padding here fixes, and padded targets would only lengthen it.
+        self.align = ATTENTION_ALIGN if model.cfg.arch == "encoder_decoder" else 1
+        say(f"training {self.total_steps} steps, {self.budget_tokens} target tokens, on {device}"
+            + (f" x {cluster.world} ranks" if cluster.world > 1 else "")
+            + f", {self.precision}" + (", compiled" if cfg["compile"] else ""))
+        self.loss_sum = torch.tensor(mine["loss_acc"][0], device=device)
+        self.loss_tokens, self.pad, self.shape = mine["loss_acc"][1], list(mine["pad"]), list(mine["shape"])
+        step = self.state["step"]
+        self.started = time.perf_counter() - self.state["elapsed"]
+        self.last_logged, self.here = step, (step, time.perf_counter())  # `here`: this process's start, for ETA
+        self.bad_step = torch.full((), -1, device=device, dtype=torch.long)
+        self.bar = _progress(self.total_steps, step) if cluster.main else None
+        model.train()
+
+    def resume(self) -> dict | None:
+        """Load the newest checkpoint of this configuration and code, if any; return this rank's share."""
+        found = checkpoint.load_for_ranks(self.ckpt_dir, self.run_hash, self.device)
+        if found is None:
+            return None
+        self.model.load_state_dict(found["model"])
+        self.optimizer.load_state_dict(found["optimizer"])
+        self.scheduler.load_state_dict(found["scheduler"])
+        mine = found["ranks"][self.cluster.rank]
+        checkpoint.set_rng_state(mine["rng"])
+        self.state, self.best, self.saved, self.resumed = found["loop"], found["best"], found["loop"]["step"], True
+        self.say(f"resumed from step {self.saved} ({self.ckpt_dir})")
+        return mine
+
+    def step(self) -> None:
+        """One optimizer step on the plan's next grad_accum x world batches; this rank takes its share,
+        each micro-batch's loss weighted by its share of the step's target tokens."""
+        s, data, device, world = self.state, self.data, self.device, self.cluster.world
         group = []
-        for _ in range(per_step):
+        for _ in range(self.per_step):
             batches = data.epoch(s["epoch"])
             group.append(batches[s["index"]])
             s["index"] += 1
             if s["index"] == len(batches):
                 s["epoch"], s["index"] = s["epoch"] + 1, 0
         group_tokens = sum(data.target_tokens(idx) for idx in group)
-        shard = group[cluster.rank::cluster.world]
+        shard = group[self.cluster.rank::world]
         for i, idx in enumerate(shard):
             batch = data.batch(idx)
             # Padding is counted on the host copy, so it costs no device sync.
-            pad[0] += sum(int((t == data.ids["pad_id"]).sum()) for t in batch[:2] if t is not None)
-            pad[1] += sum(t.numel() for t in batch[:2] if t is not None)
-            shape = [a + b for a, b in zip(shape, (1, len(batch[1]), 0 if batch[0] is None else batch[0].shape[1],
-                                                    batch[1].shape[1]))]
-            if cfg["compile"] and not data.lm:  # after the counts above: they describe the data
-                batch = pad_for_compile(batch, data.ids["pad_id"], align, model.cfg.max_len)
-            src, tgt_in, tgt_out = (_to_device(t, device) for t in batch)
+            self.pad[0] += sum(int((t == data.ids["pad_id"]).sum()) for t in batch[:2] if t is not None)
+            self.pad[1] += sum(t.numel() for t in batch[:2] if t is not None)
+            self.shape = [a + b for a, b in zip(self.shape, (1, len(batch[1]), 0 if batch[0] is None else
+                                                              batch[0].shape[1], batch[1].shape[1]))]
+            if self.cfg["compile"] and not data.lm:  # after the counts above: they describe the data
+                batch = pad_for_compile(batch, data.ids["pad_id"], self.align, self.model.cfg.max_len)
+            src, tgt_in, tgt_out = (to_device(t, device) for t in batch)
             n = data.target_tokens(idx)
             # Gradients are all-reduced once per optimizer step, after the last micro-batch.
-            sync = ddp is model or i == len(shard) - 1
-            with contextlib.nullcontext() if sync else ddp.no_sync():
-                with autocast(device, use_autocast):
-                    _, loss = step_model(src, tgt_in, tgt_out)
+            sync = self.ddp is self.model or i == len(shard) - 1
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with autocast(device, self.precision == "bf16"):
+                    _, loss = self.step_model(src, tgt_in, tgt_out)
                 # DDP averages gradients over ranks; x world turns that into the token-weighted sum.
-                (loss * (n * cluster.world / group_tokens)).backward()
-            loss_sum += loss.detach().float() * n
-            loss_tokens += n
+                (loss * (n * world / group_tokens)).backward()
+            self.loss_sum += loss.detach().float() * n
+            self.loss_tokens += n
             # In place with a Python scalar: building a tensor on the GPU here would sync every step.
-            bad_step.masked_fill_(~torch.isfinite(loss.detach()) & (bad_step < 0), s["step"] + 1)
-        if cfg["clip_grad_norm"]:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad_norm"])
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+            self.bad_step.masked_fill_(~torch.isfinite(loss.detach()) & (self.bad_step < 0), s["step"] + 1)
+        if self.cfg["clip_grad_norm"]:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg["clip_grad_norm"])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
         s["step"] += 1
         s["tokens"] += group_tokens
-        last = s["step"] == total_steps
-        if s["step"] % cfg["log_every"] == 0 or last:
-            _check_finite(bad_step, device, saved, ckpt_dir)
-            loss_total, tokens_total = all_reduce([float(loss_sum), loss_tokens], device)
-            train_loss = loss_total / max(tokens_total, 1)
-            lr = scheduler.get_last_lr()[0]
-            s["train_rows"].append([s["step"], s["tokens"], train_loss, lr])
-            now = time.perf_counter()
-            tps = s["tokens"] / max(now - started, 1e-9)
-            eta = (total_steps - s["step"]) * (now - here[1]) / max(s["step"] - here[0], 1)
-            if tracker:
-                tracker.log_metrics({"train_loss": train_loss, "lr": lr, "tokens": s["tokens"],
-                                     "tokens_per_s": tps}, s["step"])
-            _report(bar, log, s["step"], total_steps, train_loss, lr, tps, eta, s["step"] - window_start)
-            window_start = s["step"]
-            loss_sum.zero_()
-            loss_tokens = 0
-        if s["step"] % cfg["eval_every"] == 0 or last:
-            if eval_windows == "random":
-                val_batches = data.val_batches(cfg["eval_examples"], eval_windows, s["step"])
-            val_loss = evaluate_loss(eval_model, data, val_batches, device, use_autocast, cluster)
-            s["val_rows"].append([s["step"], s["tokens"], val_loss])
-            if bar is None:  # a stage's log (DVC, the grid): the estimates so far, also of a run cut short
-                log(f"val estimate {val_loss:.4f} at step {s['step']}/{total_steps}")
-            if keep == "best" and (best is None or val_loss < best["val_loss"]):
-                best = {"step": s["step"], "val_loss": val_loss,
-                        "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
-            if tracker:
-                tracker.log_metrics({"val_loss": val_loss}, s["step"])
-        if s["step"] % cfg["checkpoint_every"] == 0 and not last:
-            _check_finite(bad_step, device, saved, ckpt_dir)
-            s["elapsed"] = time.perf_counter() - started
-            # Each rank's RNG, unlogged loss and padding counts, so a resumed run continues exactly.
-            ranks = all_gather({"rng": checkpoint.rng_state(), "loss_acc": [float(loss_sum), loss_tokens],
-                                "pad": list(pad), "shape": list(shape)})
-            if cluster.main:
-                checkpoint.save(ckpt_dir, s["step"], {
-                    "config_hash": run_hash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "rng": ranks[0]["rng"], "ranks": ranks, "loop": s,
-                    "best": best,
-                }, cfg["keep_checkpoints"])
-            saved = s["step"]
-    if bar is not None:
-        bar.close()
-    wall = time.perf_counter() - started
-    if cluster.world > 1:
-        check_replicas_identical(model)
-    pad = all_reduce(pad, device)
-    shape = all_reduce(shape, device)
-    kept = kept_model(model, best, s["step"]) if keep == "best" else {"kept_step": s["step"], "last_state": None}
-    if tracker:
-        tracker.log_metrics({"kept_step": kept["kept_step"]}, s["step"])
-    estimates = [row[2] for row in s["val_rows"]]
-    return {
-        "steps": s["step"], "tokens_trained": s["tokens"], "budget_tokens": budget_tokens,
-        # passes over the training data (whole epochs + the share of the next): a seed's claim is
-        # compared only within its budget class (pipeline/reporting/claims.py)
-        "passes": s["epoch"] + s["index"] / len(data.epoch(s["epoch"])),
-        "train_loss": s["train_rows"][-1][2] if s["train_rows"] else None,
-        "val_loss": s["val_rows"][-1][2] if s["val_rows"] else None,
-        "wall_time_s": wall, "tokens_per_s": s["tokens"] / max(wall, 1e-9),
-        "padding_ratio": pad[0] / pad[1] if pad[1] else 0.0,
-        "processed_tokens_per_s": (pad[1] - pad[0]) / max(wall, 1e-9),  # source + target, no pad, all ranks
-        "batch_shape_mean": [x / shape[0] for x in shape[1:]] if shape[0] else None,  # rows, source, target
-        "device": str(device), "world_size": cluster.world, "resumed": resumed is not None,
-        "gpu": claimed().record() if device.type == "cuda" and claimed() else None,
-        "precision": precision, "compile": cfg["compile"], "fused_adamw": uses_fused(device, precision),
-        "train_rows": s["train_rows"], "val_rows": s["val_rows"],
-        # The in-loop estimates (train.eval_windows) and which model model.pt holds (train.keep).
-        "eval_windows": eval_windows, "eval_examples": cfg["eval_examples"], "keep": keep,
-        "kept_step": kept["kept_step"],
-        "val_estimate_best": min(estimates) if estimates else None,
-        "val_estimate_best_step": s["val_rows"][estimates.index(min(estimates))][0] if estimates else None,
-        "val_estimate_last": estimates[-1] if estimates else None,
-        "last_state": kept["last_state"],
-    }
 
+    def log(self) -> None:
+        """The train loss since the last log, over every rank: a curve row, MLflow, the progress line."""
+        s = self.state
+        self.check_finite()
+        loss_total, tokens_total = all_reduce([float(self.loss_sum), self.loss_tokens], self.device)
+        train_loss = loss_total / max(tokens_total, 1)
+        lr = self.scheduler.get_last_lr()[0]
+        s["train_rows"].append([s["step"], s["tokens"], train_loss, lr])
+        now = time.perf_counter()
+        tps = s["tokens"] / max(now - self.started, 1e-9)
+        eta = (self.total_steps - s["step"]) * (now - self.here[1]) / max(s["step"] - self.here[0], 1)
+        if self.tracker:
+            self.tracker.log_metrics({"train_loss": train_loss, "lr": lr, "tokens": s["tokens"], "tokens_per_s": tps},
+                                     s["step"])
+        _report(self.bar, self.say, s["step"], self.total_steps, train_loss, lr, tps, eta, s["step"] - self.last_logged)
+        self.last_logged = s["step"]
+        self.loss_sum.zero_()
+        self.loss_tokens = 0
 
-def kept_model(model, best: dict | None, last_step: int) -> dict:
-    """train.keep = best: load the best in-loop estimate's weights into `model`. Returns its step and,
-    when that is not the last step, the last step's weights (the train stage saves both)."""
-    if best is None or best["step"] == last_step:
-        return {"kept_step": last_step, "last_state": None}
-    last_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    model.load_state_dict(best["state"])
-    return {"kept_step": best["step"], "last_state": last_state}
+    def evaluate(self) -> None:
+        """The in-loop validation estimate (train.eval_windows): a curve row; the best so far kept."""
+        s, cfg = self.state, self.cfg
+        if cfg["eval_windows"] == "random":
+            self.val_batches = self.data.val_batches(cfg["eval_examples"], "random", s["step"])
+        # Validation runs eager: compiled, no_grad and eval mode are a second graph to compile (a
+        # minute on CPU) for a pass that runs once every eval_every steps.
+        val_loss = evaluate_loss(self.model, self.data, self.val_batches, self.device, self.precision == "bf16",
+                                 self.cluster)
+        s["val_rows"].append([s["step"], s["tokens"], val_loss])
+        if self.bar is None:  # a stage's log (DVC, the grid): the estimates so far, also of a run cut short
+            self.say(f"val estimate {val_loss:.4f} at step {s['step']}/{self.total_steps}")
+        if cfg["keep"] == "best" and (self.best is None or val_loss < self.best["val_loss"]):
+            self.best = {"step": s["step"], "val_loss": val_loss,
+                         "state": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}}
+        if self.tracker:
+            self.tracker.log_metrics({"val_loss": val_loss}, s["step"])
+
+    def checkpoint(self) -> None:
+        """Everything a resumed run needs to continue exactly, each rank's share in it; rank 0 writes."""
+        s = self.state
+        self.check_finite()
+        s["elapsed"] = time.perf_counter() - self.started
+        ranks = all_gather({"rng": checkpoint.rng_state(), "loss_acc": [float(self.loss_sum), self.loss_tokens],
+                            "pad": list(self.pad), "shape": list(self.shape)})
+        if self.cluster.main:
+            checkpoint.save(self.ckpt_dir, s["step"], {
+                "config_hash": self.run_hash, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": ranks[0]["rng"], "ranks": ranks, "loop": s, "best": self.best,
+            }, self.cfg["keep_checkpoints"])
+        self.saved = s["step"]
+
+    def check_finite(self) -> None:
+        """Raise on every rank if any rank saw a non-finite loss (the earliest step is named), saying
+        which checkpoint, if any, holds the last good state."""
+        step = int(self.bad_step)
+        step = all_reduce([step if step >= 0 else math.inf], self.device, "min")[0]
+        if step < math.inf:
+            kept = (f"the checkpoint of step {self.saved} in {self.ckpt_dir} is the last good state"
+                    if self.saved is not None else "no checkpoint was written before it")
+            raise NonFiniteLoss(f"non-finite loss at step {int(step)}; {kept} (lower train.lr or raise "
+                                "train.warmup_steps)")
+
+    def finish(self) -> dict:
+        """The run's metrics. train.keep = best loads the best estimate's weights into the model, and
+        when that is not the last step, the last step's weights come back beside them (`last_state`)."""
+        s, cfg, device = self.state, self.cfg, self.device
+        if self.bar is not None:
+            self.bar.close()
+        wall = time.perf_counter() - self.started
+        if self.cluster.world > 1:
+            check_replicas_identical(self.model)
+        pad = all_reduce(self.pad, device)
+        shape = all_reduce(self.shape, device)
+        kept_step, last_state = s["step"], None
+        if cfg["keep"] == "best" and self.best is not None and self.best["step"] != s["step"]:
+            kept_step = self.best["step"]
+            last_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.model.load_state_dict(self.best["state"])
+        if self.tracker:
+            self.tracker.log_metrics({"kept_step": kept_step}, s["step"])
+        estimates = [row[2] for row in s["val_rows"]]
+        return {
+            "steps": s["step"], "tokens_trained": s["tokens"], "budget_tokens": self.budget_tokens,
+            # passes over the training data (whole epochs + the share of the next): a seed's claim is
+            # compared only within its budget class (pipeline/reporting/claims.py)
+            "passes": s["epoch"] + s["index"] / len(self.data.epoch(s["epoch"])),
+            "train_loss": s["train_rows"][-1][2] if s["train_rows"] else None,
+            "val_loss": s["val_rows"][-1][2] if s["val_rows"] else None,
+            "wall_time_s": wall, "tokens_per_s": s["tokens"] / max(wall, 1e-9),
+            "padding_ratio": pad[0] / pad[1] if pad[1] else 0.0,
+            "processed_tokens_per_s": (pad[1] - pad[0]) / max(wall, 1e-9),  # source + target, no pad, all ranks
+            "batch_shape_mean": [x / shape[0] for x in shape[1:]] if shape[0] else None,  # rows, source, target
+            "device": str(device), "world_size": self.cluster.world, "resumed": self.resumed,
+            "gpu": claimed().record() if device.type == "cuda" and claimed() else None,
+            "precision": self.precision, "compile": cfg["compile"], "fused_adamw": uses_fused(device, self.precision),
+            "train_rows": s["train_rows"], "val_rows": s["val_rows"],
+            # The in-loop estimates (train.eval_windows) and which model model.pt holds (train.keep).
+            "eval_windows": cfg["eval_windows"], "eval_examples": cfg["eval_examples"], "keep": cfg["keep"],
+            "kept_step": kept_step,
+            "val_estimate_best": min(estimates) if estimates else None,
+            "val_estimate_best_step": s["val_rows"][estimates.index(min(estimates))][0] if estimates else None,
+            "val_estimate_last": estimates[-1] if estimates else None,
+            "last_state": last_state,
+        }
+
 
 
 def compiled(model, device: torch.device, dynamic: bool, backend="inductor"):
@@ -388,30 +428,6 @@ def compiled(model, device: torch.device, dynamic: bool, backend="inductor"):
     if dynamic and backend == "inductor":
         return torch.compile(model, dynamic=True, backend=backend, options={"shape_padding": False})
     return torch.compile(model, dynamic=dynamic or None, backend=backend)
-
-
-def _to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    if t is None:
-        return None
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t
-
-
-def _check_finite(bad_step: torch.Tensor, device, saved: int | None, ckpt_dir: Path) -> None:
-    """Raise on every rank if any rank saw a non-finite loss (the earliest step is named), saying
-    which checkpoint, if any, holds the last good state."""
-    step = int(bad_step)
-    step = all_reduce([step if step >= 0 else math.inf], device, "min")[0]
-    if step < math.inf:
-        kept = (f"the checkpoint of step {saved} in {ckpt_dir} is the last good state" if saved is not None
-                else "no checkpoint was written before it")
-        raise NonFiniteLoss(f"non-finite loss at step {int(step)}; {kept} (lower train.lr or raise "
-                            "train.warmup_steps)")
-
-
-def _silent(*_args, **_kwargs) -> None:
-    pass
 
 
 def _progress(total: int, initial: int, stream=None):

@@ -1,11 +1,9 @@
-"""The `python` first on a stage's PATH while the grid launcher serves stages warm (warm.py).
-
-The grid launcher writes it as `python` and `python3` (write_shims) in a folder of its own. A
-stage's command reaches it through PATH; a plain `python -m pipeline.<stage> ARGS` goes to the warm
-server, which runs the stage in a fork of itself, and this process waits, passes on signals and
-exits as the stage did. Anything else (or anything the server cannot run exactly as a new process
-would) is exec'd to the `python` PATH would have found without this folder. It starts with `-SE` and
-imports only the standard library: it is loaded by path, without site-packages, in a few ms.
+"""The command's side of warm starts: the hand-over to a server (server.py), and the `python` the
+grid launcher puts first on the stages' PATH (write_shims). Through it a plain `python -m pipeline
+<stage> ARGS` (dvc.yaml's form) runs in a fork of the server, and this process waits, passes on
+signals and exits as the stage did; anything else, or anything the server cannot run exactly as a
+new process would, is exec'd to the `python` PATH would have found without the shims. Standard
+library only: it starts with `-SE`, loaded by path without site-packages, in a few ms.
 """
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ import sys
 
 STAGES = {"check_params", "download", "filter", "train_bpe", "encode", "train", "evaluate", "knockout", "report"}
 # Read by torch, numpy, MLflow and the rest when they are imported (not when a function runs): set
-# otherwise than in the server that imported them (warm.py), a stage served there would not be the
+# otherwise than in the server that imported them, a stage served there would not be the
 # stage a new process runs.
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "ATEN_", "ONEDNN_", "DNNL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_",
                    "PYTHON", "MPL", "MATPLOTLIB", "MLFLOW_", "NUMEXPR_", "SQLALCHEMY",
@@ -90,7 +88,7 @@ def recv(sock: socket.socket):
 # -- the command's side: a `python` first on the stages' PATH --------------------------------------
 
 SHIM = """#!{python} -SE
-# Written by pipeline/grid/shim.py for one study: serves `python -m pipeline.<stage>` warm.
+# Written by pipeline/warm/shim.py for one study: serves `python -m pipeline <stage>` warm.
 import importlib.util
 spec = importlib.util.spec_from_file_location("ablation_lab_shim", {shim!r})
 shim = importlib.util.module_from_spec(spec)
@@ -123,12 +121,11 @@ def write_shims(folder: str, socket_path: str, path: str | None = None) -> None:
 
 
 def stage_command(argv: list[str]) -> tuple[str, list[str]] | None:
-    """(module, args) for a plain `python -m pipeline.<stage> ARGS`; None for anything else
-    (an interpreter option before -m, another module)."""
-    if len(argv) < 3 or argv[1] != "-m" or not argv[2].startswith("pipeline."):
+    """(pipeline.<stage>, args) for a plain `python -m pipeline <stage> ARGS`; None for anything
+    else (an interpreter option before -m, another module, `python -m pipeline.<stage>`)."""
+    if argv[1:3] != ["-m", "pipeline"] or len(argv) < 4 or argv[3] not in STAGES:
         return None
-    module = argv[2]
-    return (module, argv[3:]) if module.split(".", 1)[1] in STAGES else None
+    return f"pipeline.{argv[3]}", argv[4:]
 
 
 def _which(name: str, path: str) -> str | None:

@@ -8,7 +8,7 @@ written: a write that fails for want of space becomes DiskFull, whose message is
 stage exits with (pipeline.params.stage_error): the file, the bytes it needed where known, the
 space free at that moment, and what to do.
 
-How a stage's process ends (run_main) is pipeline/grid/exit.py's.
+How a stage's process ends (run_main) is pipeline/warm/exit.py's.
 """
 from __future__ import annotations
 

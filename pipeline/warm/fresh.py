@@ -1,4 +1,4 @@
-"""What a forked stage must get back to be the new process it stands for (warm.py).
+"""What a forked stage must get back to be the new process it stands for (server.py).
 
 A fork of the warm server carries what the server's ~4,000 imports did to the interpreter: warnings
 filters, handlers on the logging root, entries appended to sys.path; and the server's umask and

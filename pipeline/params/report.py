@@ -1,17 +1,12 @@
-"""params.yaml's `report` section: the report stage's keys, the reference point the baseline is
-set beside and the seed study's claims; and Section, the base of every section's schema (unknown
-keys are errors). pipeline.params builds on this module and re-exports its names (`from
-pipeline.params import ReportParams` works); this one imports nothing of pipeline.params.
-"""
+"""The `report` section: the report stage's keys, the reference point the baseline is set beside
+and the seed study's claims."""
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from pipeline.params.section import Section
 
 
 class Reference(Section):

@@ -1,28 +1,23 @@
 """Warm starts under a plain `dvc repro` (and `dvc exp run`): no launcher, no shim on PATH.
 
-A stage's command, `python -m pipeline.<stage> ARGS`, imports the package `pipeline` before the
-stage's module, and pipeline/__init__.py calls `engage` there: a few ms, before torch. Under DVC
-(DVC_STAGE set) it finds the DVC process the stage runs under and a folder in the temp dir named
-after it. If that folder holds a warm server's socket, the stage is handed to it (shim.hand_over,
-the launcher's own path: the same checks, and the stage runs the ordinary way when it cannot be
-served exactly). If not, the stage starts one (warm.py --watch) and runs cold itself; the stages
-after it are served once the server's imports are done (~4 s on 2 cores, beside this stage).
+dvc.yaml's `python -m pipeline <stage> ARGS` calls `engage` before it imports the stage (a few ms,
+before torch). Under DVC (DVC_STAGE set) it finds the DVC process the stage runs under and a folder
+in the temp dir named after it: if the folder holds a server's socket, the stage is handed to it
+(shim.hand_over, with the launcher's checks); if not, the stage starts one (server.py --watch) and
+runs cold itself, and the stages after it are served once its imports are done. The server lives
+as long as that DVC process (a pidfd it waits on) or until IDLE_S without a stage, and removes its
+folder either way; its end ends its forks. `report`, the last stage, never starts one.
 
-The server lives as long as that DVC process and no longer (a pidfd it waits on: a normal end, a
-Ctrl-C, a kill, a closed terminal); it also stops after IDLE_S without a stage, and removes its
-folder either way. A DVC killed with a stage running takes the stage with it (the server's end
-ends its forks). `report`, the last stage, never starts one: nothing after it would use it.
-
-ABLATION_LAB_WARM=0 turns it off (each stage a new process), on a CPU or a GPU machine alike (the
-launcher's rule, measured on an H200: pipeline/grid/__main__.py warm_wanted). The grid launcher
-sets 0 for its own DVC processes: it runs its own server, or none when told --cold.
-Standard library only.
+ABLATION_LAB_WARM=0 turns it off; the grid launcher sets it for its own DVC processes (it runs its
+own server, or none with --cold). Standard library only.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import sys
+
+from pipeline.warm.shim import TORCHRUN, hand_over, stage_command
 
 SETTING = "ABLATION_LAB_WARM"
 IDLE_S = 600  # a stage that trains for hours runs without it; the next one starts a new server
@@ -41,8 +36,6 @@ def engage() -> None:
     the stage here (cold) whenever it is not served."""
     if not wanted():
         return
-    from pipeline.grid.shim import TORCHRUN, stage_command
-
     command = stage_command(list(getattr(sys, "orig_argv", [])))
     if command is None or any(k in os.environ for k in TORCHRUN):
         return
@@ -52,8 +45,6 @@ def engage() -> None:
     folder = folder_for(dvc)
     path = os.path.join(folder, "socket")
     if os.path.exists(path):
-        from pipeline.grid.shim import hand_over
-
         hand_over(path, command, dict(os.environ), sys.executable)  # exits as the stage did, if served
         return
     if command[0] in LAST_STAGES:
@@ -106,7 +97,7 @@ def start(folder: str, path: str, dvc: int) -> None:
         log = subprocess.DEVNULL
     with open(os.path.join(folder, "dvc"), "w", encoding="utf-8") as f:
         f.write(str(dvc))
-    subprocess.Popen([sys.executable, "-m", "pipeline.grid.warm", "--serve", path, "--folder", folder,
+    subprocess.Popen([sys.executable, "-m", "pipeline.warm.server", "--serve", path, "--folder", folder,
                       "--watch", str(dvc), "--idle", str(IDLE_S)],
                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                      start_new_session=True, close_fds=True)

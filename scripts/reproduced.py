@@ -1,7 +1,7 @@
 """Did this study reproduce the committed one? One answer instead of a `git diff` to read.
 
-    python -m pipeline.reproduced                 # the workspace's reports/ against git's HEAD
-    python -m pipeline.reproduced --against REV   # against another commit (a tag, a branch)
+    python -m scripts.reproduced                 # the workspace's reports/ against git's HEAD
+    python -m scripts.reproduced --against REV   # against another commit (a tag, a branch)
 
 Compares reports/fingerprint.json (each model.pt's sha256) and reports/metrics.json with the same
 files at REV. Identical: every model the same bits, every number the same (exit 0). Otherwise it

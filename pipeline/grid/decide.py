@@ -1,53 +1,38 @@
-"""`bash run.sh decide`: run the study until every ablation is decided or the seed budget is spent.
+"""`bash run.sh decide`: rounds of the grid until every ablation is decided or its seed budget spent.
 
-    python -m pipeline.deciding [grid options, e.g. -j 2]   (bash run.sh decide)
+    python -m pipeline.grid.decide [--times FILE] [--restart] [grid options, e.g. -j 2]
 
-Params: decide.looks (seed counts, fixed before any run), decide.alpha, decide.margin
-(pipeline.params.DecideParams; the rule and its proof: pipeline.deciding.rule). Each round:
-1. `python -m pipeline.grid` runs every stage params.yaml lays out, the report included, side by
-   side; the report stage writes the sequential record (reports/decisions.json) from the eval files.
-2. When the record says every comparison is decided or at its budget, stop.
-3. Otherwise add the runs it asks for (open variants and the baseline, the seeds of their next look)
-   to params.yaml's decide.runs, a text edit that keeps the file's comments, and go to 1.
-Before each round the plan is checked against the last record's fingerprint (changed_plan): once
-runs were added, other looks, α, δ, method, boundary, seeds, variants, baseline or metric are
-refused in one line (--restart goes on under the new plan, knowingly).
-DVC turns each added entry into train_more / evaluate_more stages; nothing already run reruns. A
-kill anywhere is safe: run the command again and the grid picks up what is missing, and the record
-is recomputed from the results, so it is the same however many rounds or restarts it took. At the
-end `dvc repro` on the final params.yaml reruns nothing and reproduces the same record.
-
---times FILE: the grid's stage times (python -m pipeline.grid --times) summed over this command's
-rounds, each round's wall beside them (scripts/study.sh writes a study's run.json from it).
+Each round runs the grid launcher (repro.py, in this process) on params.yaml; its report stage
+writes the record (reports/decisions.json, pipeline.deciding.record). Until the record is done, the
+runs it asks for go into params.yaml's decide.runs (with_runs) and another round starts; the plan
+is checked against the last record's fingerprint first (changed_plan). A kill anywhere is safe:
+rerun, and the grid picks up what is missing. The whole story: docs/seeds-until-decided.md.
+--times FILE: the rounds' stage times, summed (scripts/study.sh writes a study's run.json from it).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from pipeline.atomic import atomic_path
+from pipeline.io.atomic import atomic_path
+from pipeline.deciding import record
 from pipeline.deciding.rounds import plan_fingerprint
+from pipeline.grid import signals
+from pipeline.grid.repro import repro
 from pipeline.params import ParamsError, load_params, stage_error
 
 RECORD = Path("reports/decisions.json")
+RUNS_LINE = "  runs:{}  # written by `bash run.sh decide` (pipeline/grid/decide.py): the runs it added\n"
 
 
-def added_runs(record: Mapping) -> dict[str, dict[str, object]]:
-    """The runs the record asks for next, `variant-seed: {variant, seed}`, baseline first."""
-    wanted = [(record["baseline"]["name"], s) for s in record["baseline"]["needs"]]
-    wanted += [(name, s) for name, v in sorted(record["variants"].items()) for s in v["needs"]]
-    return {f"{v}-{s}": {"variant": v, "seed": int(s)} for v, s in wanted}
-
-
-def with_runs(text: str, runs: Mapping[str, Mapping[str, object]]) -> str:
-    """params.yaml's text with decide.runs holding `runs` (sorted by seed, then name); the rest of
-    the file, its comments included, unchanged. decide must be a block mapping at the top level."""
+def with_runs(text: str, runs: Iterable[tuple[str, int]]) -> str:
+    """params.yaml's text with decide.runs holding `runs` (variant, seed), sorted by seed, then name;
+    every other line of the file, its comments included, as it was. decide must be a block mapping
+    at the top level."""
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if re.match(r"decide:\s*(#.*)?$", line)), None)
     if start is None:
@@ -56,16 +41,15 @@ def with_runs(text: str, runs: Mapping[str, Mapping[str, object]]) -> str:
     end = next((i for i in range(start + 1, len(lines))
                 if lines[i].strip() and not lines[i].startswith((" ", "#"))), len(lines))
     body = lines[start + 1:end]
-    at = next((i for i, line in enumerate(body) if re.match(r"  runs:", line)), None)
-    entries = sorted(runs.items(), key=lambda kv: (kv[1]["seed"], kv[0]))
-    block = ["  runs:  # written by `bash run.sh decide` (pipeline/deciding/loop.py): the runs it added\n" if entries
-             else "  runs: {}  # written by `bash run.sh decide` (pipeline/deciding/loop.py): the runs it added\n"]
-    block += [f"    {name}: {{variant: {r['variant']}, seed: {r['seed']}}}\n" for name, r in entries]
-    if at is None:
+    at = next((i for i, line in enumerate(body) if line.startswith("  runs:")), None)
+    entries = sorted((seed, f"{variant}-{seed}", variant) for variant, seed in runs)
+    block = [RUNS_LINE.format("" if entries else " {}")]
+    block += [f"    {name}: {{variant: {variant}, seed: {seed}}}\n" for seed, name, variant in entries]
+    if at is None:  # appended to the block, before the blank lines that end it
         while body and not body[-1].strip():
             body.pop()
         body += block
-    else:
+    else:  # in place of the runs there were
         stop = next((i for i in range(at + 1, len(body)) if not body[i].startswith("    ")), len(body))
         body[at:stop] = block
     if end < len(lines) and body and body[-1].strip():
@@ -73,12 +57,12 @@ def with_runs(text: str, runs: Mapping[str, Mapping[str, object]]) -> str:
     return "".join(lines[:start + 1] + body + lines[end:])
 
 
-def add_runs(params_path: Path, runs: Mapping[str, Mapping[str, object]]) -> None:
-    """Add `runs` to params.yaml's decide.runs, checked by the params schema before it is written."""
+def add_runs(params_path: Path, runs: Iterable[tuple[str, int]]) -> None:
+    """Add `runs` (variant, seed) to params.yaml's decide.runs, checked by the params schema before
+    it is written."""
     text = params_path.read_text(encoding="utf-8")
-    current = load_params(params_path).decide.runs
-    merged = {name: {"variant": r.variant, "seed": r.seed} for name, r in current.items()} | dict(runs)
-    new = with_runs(text, merged)
+    current = {(r.variant, r.seed) for r in load_params(params_path).decide.runs.values()}
+    new = with_runs(text, current | set(runs))
     with atomic_path(params_path) as tmp:
         tmp.write_text(new, encoding="utf-8")
         load_params(tmp)  # a run the schema refuses never reaches params.yaml
@@ -109,23 +93,25 @@ def fingerprint(params) -> str:
                             rho=params.decide.rho)
 
 
-def changed_plan(params, record_path: Path = RECORD) -> str | None:
+def changed_plan(params, was: str | None) -> str | None:
     """Why the study cannot go on under params.yaml's plan, or None. A study is under way once
-    decide.runs holds runs this loop added; its last record names the plan its looks were taken
-    under. Another plan (looks, α, margin, method, boundary, seeds, variants, baseline, metric) would
-    re-decide every look already taken, as if it had been the plan from the start."""
-    if not params.decide.runs or not record_path.is_file():
-        return None
-    try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    was = record.get("fingerprint")
-    if record.get("off") or was is None or was == fingerprint(params):
+    decide.runs holds runs this loop added; its last record's fingerprint `was` names the plan its
+    looks were taken under. Another plan (looks, α, margin, method, boundary, seeds, variants,
+    baseline, metric) would re-decide every look already taken, as if it had been the plan from the start."""
+    if not params.decide.runs or was is None or was == fingerprint(params):
         return None
     return (f"decide: the plan in params.yaml is not the one this study's rounds ran under ({RECORD} fingerprint "
             f"{was}, params.yaml {fingerprint(params)}): a changed plan re-decides every look taken; start a new "
             "study (remove decide.runs), or pass --restart to go on under the new plan knowingly")
+
+
+def last_fingerprint() -> str | None:
+    """The fingerprint of the last round's record; None without one (decide off, no report yet)."""
+    try:
+        last = record.read(RECORD)
+    except (OSError, ValueError, KeyError):
+        return None
+    return last.fingerprint if last else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,33 +132,40 @@ def main(argv: Sequence[str] | None = None) -> int:
               "again", file=sys.stderr)
         return 2
     for round_ in range(args.max_rounds):
-        why = changed_plan(params)
+        why = changed_plan(params, last_fingerprint())
         if why and not (args.restart and round_ == 0):
             print(why, file=sys.stderr)
             return 2
         print(f"decide: round {round_ + 1}: {len(params.seeds)} seeds for every variant, "
               f"{len(params.decide.runs)} runs added", flush=True)
-        times = [] if args.times is None else ["--times", str(args.times.with_suffix(".round.json"))]
-        code = subprocess.call([sys.executable, "-m", "pipeline.grid", *grid_args, *times], env=os.environ)
+        code, times = repro(grid_args, timed=args.times is not None)
         if code != 0:
             return code
         if args.times is not None:  # written after every round: a kill keeps the rounds finished
-            rounds.append(json.loads(args.times.with_suffix(".round.json").read_text(encoding="utf-8")))
-            command = rounds[0]["command"].replace("pipeline.grid", "pipeline.deciding")
+            rounds.append(times)
+            command = rounds[0]["command"].replace("pipeline.grid", "pipeline.grid.decide")
             with atomic_path(args.times) as tmp:
                 tmp.write_text(json.dumps(summed_times(rounds, command), indent=2) + "\n")
-        record = json.loads(RECORD.read_text(encoding="utf-8"))
-        if record.get("off"):
+        last = record.read(RECORD)
+        if last is None:
             raise SystemExit(f"decide: {RECORD} says decide is off: the report stage read other params")
-        if record["done"]:
-            states = ", ".join(f"{name} {v['state']} at n={v['looks'][-1]['n'] if v['looks'] else 0}"
-                               for name, v in sorted(record["variants"].items()))
+        if last.done:
+            states = ", ".join(f"{name} {v.state} at n={v.looks[-1].n if v.looks else 0}"
+                               for name, v in sorted(last.variants.items()))
             print(f"decide: done after {round_ + 1} round(s): {states}; the record is {RECORD}", flush=True)
             return 0
-        more = added_runs(record)
+        more = last.next_runs()
         if not more:
             raise SystemExit(f"decide: {RECORD} is not done but asks for no runs (a broken record)")
         add_runs(args.params, more)
         params = load_params(args.params)
     raise SystemExit(f"decide: still open after {args.max_rounds} rounds")
 
+
+if __name__ == "__main__":
+    signals.install()  # before anything else: a signal at any point ends the study in order
+    try:
+        code = main()
+    except signals.Stopped as exc:
+        signals.end_by(exc.signum)
+    sys.exit(code)

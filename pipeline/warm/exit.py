@@ -1,4 +1,4 @@
-"""How a stage's process ends, run cold or served warm (pipeline/grid/warm.py): what it wrote
+"""How a stage's process ends, run cold or served warm (server.py): what it wrote
 flushed and closed, then `os._exit`, without Python's teardown of the modules it imported.
 
 Python's exit spends ~1.2 s of a stage's fixed ~2.7 s destroying the thousands of modules torch,
@@ -9,7 +9,7 @@ run, multiprocessing's clean-up), garbage collected (closes files nobody referen
 open flushed, stdout and stderr flushed. run_main is the last line of every stage module; the warm
 server ends each stage it serves through it too, so both ways of running a stage end alike.
 
-Where a stage runs and how its process ends, not what it computes (as grid/auto.py and shim.py):
+Where a stage runs and how its process ends, not what it computes (as auto.py and shim.py):
 no stage's dvc.yaml deps list it (tests/test_layout.py). Only the standard library here.
 """
 from __future__ import annotations
