@@ -3,19 +3,11 @@ the facts about torch's own kernels that the tests no longer assert.
 
 Run: python -m benchmarks.cpu_numerics [--rounds 5] [--steps 30] [--threads 1 2]
 Prints one JSON object. The settings are read when torch starts, so every measurement is a new
-process (`--child`) that takes `--steps` AdamW steps of one shape after a warm-up and reports its
-median step time; the parent runs three modes in turn, `--rounds` times, in an order that rotates:
-pinned (what the stages run: pinned and routed, pipeline/cpu_numerics.py), pinned_mkl (pinned but
-torch's own MKL products and vector maths, the design before issue #59) and native
-(ABLATION_LAB_PIN_CPU=0); `pinned_over_native` is the ratio of the medians over rounds (1.0 = free),
-`pinned_over_pinned_mkl` what the routing itself costs. Two shapes:
-the default study's encoder-decoder (d 64, 2+2 layers, ~1,024 tokens a batch) and seed S1 at its
-size (presets/tiny_shakespeare.yaml: decoder-only, d 128, 2 layers, relative bias, 32 x 128).
-`facts` records, on this CPU, whether each library's setting changes the bits of torch's own kernels
-(products, softmax, gelu, exp, log, sqrt, attention), whether any of them still changes them once
-the products are routed (pipeline/cpu_numerics.py), what moves OpenBLAS's pinned kernel (asked for
-as AMD's Zen, another L2 size, two threads), and whether torch's own LayerNorm and RMSNorm give
-other weight gradients at 1 and 2 threads.
+process (`--child`): its median AdamW step time at the default study's shape or seed S1's, in three
+modes run in a rotating order: pinned (what the stages run), pinned_mkl (pinned but torch's own MKL
+products and vector maths) and native (ABLATION_LAB_PIN_CPU=0). `facts` records, on this CPU, which
+settings change the bits of which kernels, torch's own and routed, and whether torch's norms give
+other weight gradients at 1 and 2 threads (docs/training-engine.md#the-same-bits-on-every-cpu).
 """
 from __future__ import annotations
 

@@ -3,15 +3,11 @@
 Run: python -m benchmarks.cpu_precision [--compile] [--repeats 5] [--steps 20]
 Prints one JSON object to stdout.
 
-One training step (forward, backward, AdamW step) of the default model on the same pre-collated,
-length-bucketed batches, as the train stage runs it:
-- fp32: float32 eager with foreach AdamW, the default on CPU (the reference);
-- fp32_fused: the same with the fused CPU AdamW kernel (not the default: it changes the last bits);
-- bf16: CPU bf16 autocast with fused AdamW (train.precision: bf16);
-- with --compile, fp32_compiled and bf16_compiled: torch.compile (inductor) of the model as
-  pipeline.training.trainer.compiled does; their compile time is reported apart and left out.
-Target tokens/s; ratios are medians of per-round ratios to fp32 (> 1 = faster). Rounds alternate
-their order after a warm-up round.
+The default model's training step on the same pre-collated batches, as the train stage runs it:
+fp32 (foreach AdamW, the CPU default and the reference), fp32_fused (the fused CPU AdamW kernel:
+not the default, it changes the last bits), bf16 (autocast, fused AdamW) and with --compile
+fp32_compiled and bf16_compiled, their compile time reported apart. Ratios are medians of per-round
+ratios to fp32 (> 1 = faster); what these settings are for on CPU: docs/training-engine.md.
 """
 from __future__ import annotations
 

@@ -3,22 +3,11 @@
 Run: python -m benchmarks.data_scale [--sizes 400,2000] [--text FILE] [--keep] [--seed 0]
 Prints one JSON object to stdout (progress lines of the stages go to stderr).
 
-For each size N (MB = 10^6 bytes) a scratch project gets an N-MB TinyStories-like corpus, seeded:
-stories of several paragraphs from a seeded sentence generator, or the documents of --text (split
-at <|endoftext|>, else at blank lines) repeated in seeded shuffled order, stories separated by
-<|endoftext|> lines as in TinyStories' own files. Its params.yaml is presets/tinystories_cpu.yaml
-with `documents: separator` (one story a row) and a 10k vocabulary. download, filter, train_bpe and
-encode then run one after another exactly as dvc.yaml's cmds run them, each a child process:
-  wall_s, MB_per_s       the child's wall time; the corpus MB over it
-  cpu_s                  user + system seconds of the child and its children (on a busy
-                         machine wall_s grows with the load; cpu_s much less)
-  peak_rss_mb            the largest resident set of the child or of any of its own children
-                         (os.wait4's ru_maxrss)
-  peak_tree_rss_mb       the largest sum of resident sets over the child's process tree, sampled
-                         every 0.1 s (counts pages shared after fork once per process)
-  floor_ratio            wall_s over the I/O floor: the time to read the same file and split it
-                         into lines in plain Python, measured in the same run
-and per stage the growth of peak memory from the smallest size to the largest.
+For each size N (MB = 10^6 bytes) a scratch project gets a seeded N-MB TinyStories-like corpus
+(synthetic stories, or --text's documents in shuffled order) and presets/tinystories_cpu.yaml with
+one story a row; the four data stages run as dvc.yaml's cmds run them, each a child process. The
+figures: docs/tests-and-benchmarks.md#data-stages-at-scale; peak_tree_rss_mb, sampled every 0.1 s
+over the process tree, counts pages shared after fork once per process.
 """
 from __future__ import annotations
 
@@ -223,7 +212,7 @@ def main() -> None:
         "config": {"sizes_mb": sizes, "text": str(args.text) if args.text else None, "seed": args.seed,
                    "vocab_size": args.vocab_size, "cpus": os.cpu_count(), "machine": platform.machine()},
         "sizes": runs,
-        # Peak memory at the largest size over that at the smallest: ~1 for a stage that streams.
+        # ~1 for a stage that streams.
         "peak_rss_growth": {name: round(large["stages"][name]["peak_rss_mb"] / small["stages"][name]["peak_rss_mb"], 3)
                             for name in STAGES},
         "peak_tree_rss_growth": {  # None where the smaller run ended before the first sample

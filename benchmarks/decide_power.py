@@ -2,20 +2,9 @@
 runs, against the fixed design that runs every variant at the budget.
 
 Run: python -m benchmarks.decide_power [--studies 20000] [--seed 0]
-Prints one JSON object (docs/seeds-until-decided.md's power table reads reports/benchmarks/decide_power.json).
-
-Per m comparisons (1, 3, 5) and true difference Δ (0.5, 0.8, 1.5 standard deviations of a paired
-difference), every comparison with the same Δ, paired differences normal with correlation 0.5
-between comparisons (a shared baseline, as tests/test_deciding.py simulates), looks 3, 5, 8, 12,
-20, α 0.05, no margin:
-  decided_<rule>     the share of comparisons decided in the right direction, for each rule: t
-                     (t-intervals, Bonferroni over the looks), obf and pocock (t-intervals, exact
-                     Lan–DeMets boundaries: pipeline/deciding/boundary.py) and median (order
-                     statistics, Bonferroni)
-  seeds_<rule>       the seeds a comparison ran, on average (the fixed design: 20)
-  runs_<rule>        the runs a study spent (baseline + variants) over the fixed design's (m + 1) x 20
-  fixed_power        the fixed 20-seed design's power: a paired t-test at α/m (Bonferroni over the
-                     comparisons), exact (noncentral t)
+Prints one JSON object, whose table and columns docs/seeds-until-decided.md#the-price gives. The
+paired differences of the m comparisons are correlated 0.5 (a shared baseline, as
+tests/test_deciding.py simulates); `fixed_power` is exact (noncentral t).
 """
 from __future__ import annotations
 

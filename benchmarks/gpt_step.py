@@ -1,15 +1,10 @@
 """Our decoder-only training step vs a minimal GPT written the way nanoGPT's model.py is, at equal shape.
 
 Run: python -m benchmarks.gpt_step [--threads 2] [--repeats 30] [--profile]
-Prints one JSON object. Defaults: nanoGPT's CPU recipe for Tiny Shakespeare (the
-nanogpt_shakespeare_char preset): 4 layers, 4 heads, d 128, d_ff 512, context 64, batch 12,
-vocabulary 65, no biases, dropout 0, tied embeddings, pre-norm LayerNorm, GELU, learned
-positions. Both take the same AdamW step on the same batch, interleaved (A, B, A, ...) after a
-warm-up; `ours_over_minimal` is the median ratio of step times, paired per round.
-`--profile` adds the top operators of each step by self CPU time (torch.profiler).
-
-The minimal GPT is this project's own few lines (fused q/k/v projection, fused causal attention,
-one module per block), not nanoGPT's code: it is the floor any GPT step pays at this shape.
+Prints one JSON object. The defaults are the nanogpt_shakespeare_char preset's shape. Both take the
+same AdamW step on the same batch, interleaved after a warm-up; `ours_over_minimal` is the median
+ratio of step times, paired per round. The minimal GPT is this project's own few lines, not
+nanoGPT's code: the floor any GPT step pays at this shape.
 """
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ from pipeline import cpu_numerics
 
 
 def gpt_config(vocab_size: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, context: int) -> ModelConfig:
-    """Our decoder-only model in GPT-2's shape: pre-norm, GELU, learned positions, tied head, no biases,
-    token embeddings not scaled by sqrt(d_model) (GPT-2 and both references do not scale them)."""
+    """Our decoder-only model in GPT-2's shape (token embeddings not scaled, as GPT-2 does not)."""
     return ModelConfig(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_encoder_layers=0,
                        n_decoder_layers=n_layers, d_ff=d_ff, dropout=0.0, max_len=context, arch="decoder_only",
                        positional="learned", norm="layernorm", norm_position="pre", ffn="gelu", bias=False,

@@ -1,35 +1,13 @@
 """The whole GPU path in one run, one JSON (`bash run.sh gpu`), that reports even when cut short.
 
-Parts, in order, each a child process whose output streams to PART.log beside the JSON (the
-default runs study, study_warm, bench, tests; spread, recipe and seed only when named in --parts):
-  spread      5 seeds of nanoGPT's GPU recipe as today's nanoGPT has it and 5 as it was at nanoGPT's
-              commit 23a8e701 (presets/nanogpt_shakespeare_char_gpu{,_23a8e701}.yaml), one study of two
-              arms, all 10 runs side by side on the GPU (benchmarks/gpu_spread.py): per arm the mean,
-              95% t-interval and 95% prediction interval of the best in-loop estimate and of the kept
-              model's whole-split loss, and where nanoGPT's 1.4697 falls against each;
-  recipe      one seed of nanoGPT's own GPU recipe (presets/nanogpt_shakespeare_char_gpu.yaml) end to
-              end (scripts/study.sh) into a scratch folder: its best in-loop estimate, the kept and
-              the last step's model's validation loss, and wall time;
-  study       the nanogpt_shakespeare_char study the same way (12 runs, evaluate, knock-outs, report),
-              every stage a new process (the launcher's --cold);
-  study_warm  the same study again in the same call, its stages served warm (--warm, the default):
-              the two keep the default honest on each GPU it meets;
-  bench       the 124M GPT benchmark (benchmarks/gpu_bench.py): ours, a nanoGPT-style GPT and a
-              torch.nn reference, eager and compiled, bf16, and compiled again at a larger
-              micro-batch: tokens/s, MFU, step ratios, the attention kernels the compiled step ran;
-  tests       the `gpu`-marked tests (bf16 training eager and compiled, manual vs fused attention,
-              KV cache);
-  seed        the seed S1 study (presets/tiny_shakespeare.yaml) the same way as study.
-A study's clock runs from the grid launcher's start to report.md written (PART_launch_to_report_s);
-the scratch project's set-up before it (copying the code, git and dvc init, the preset) is its own
-figure (PART_setup_s), and the launcher's own total (PART_wall_s, run.json's wall_s, what the
-H200 runs 1-7 recorded) is kept beside them: those parts took 13-17 s more than that total.
-Each part has a time limit (--limits), and all parts together a deadline (--deadline), so the call
-fits a lent machine's window. A part past its limit is killed with its whole process tree; the JSON
-then says it was cut, when, and the last lines of its log. The JSON is rewritten (atomically) before
-each part starts (naming the running part) and after each part ends (with that part's figures and
-each target's verdict), so a run stopped at any point leaves what it measured. The study outputs
-go to studies.tar.gz beside the JSON.
+Parts run in order, each a child process whose output streams to PART.log beside the JSON: spread,
+recipe, study (cold), study_warm, bench (benchmarks/gpu_bench.py), tests (the `gpu` marker), seed;
+the default is study, study_warm, bench, tests. What each measures: docs/gpu.md#running-it. A
+study's clock runs from the grid launcher's start to report.md written; the scratch project's
+set-up before it is its own figure (PART_setup_s). A part past its limit (--limits) or the deadline
+(--deadline) is killed with its whole process tree. The JSON is rewritten atomically before and
+after each part, so a run stopped at any point leaves what it measured; the study outputs go to
+studies.tar.gz beside it.
 
 Run: python -m benchmarks.gpu [--out gpu.json] [--parts tests,bench] [--limits tests=60,bench=110]
 Without CUDA it prints one line and exits 0.
@@ -57,40 +35,29 @@ from pipeline.io.atomic import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The parts that run a whole study: (preset, the grid launcher's options, the output folder's name).
-# study and study_warm: the same study cold (--cold) and warm (--warm, the launcher's default since
-# run 10's two decided it: pipeline.grid.repro.warm_wanted) in one call; recipe and seed take the default.
+# study and study_warm: the same study cold and warm in one call: each GPU checks the warm default.
 STUDY_PARTS = {"spread": (gpu_spread.NAME, "", gpu_spread.NAME),  # a generated preset (STUDY_PRESET_FILE)
                "recipe": ("nanogpt_shakespeare_char_gpu", "", "nanogpt_shakespeare_char_gpu"),
                "study": ("nanogpt_shakespeare_char", "--cold", "nanogpt_shakespeare_char"),
                "study_warm": ("nanogpt_shakespeare_char", "--warm", "nanogpt_shakespeare_char_warm"),
                "seed": ("tiny_shakespeare", "", "tiny_shakespeare")}
-# Seconds per part, and for all parts together: with set-up (<= 30 s) and start-up the whole
-# `bash run.sh gpu` stays under 9 minutes, inside a 15-minute device window with its machine start.
-# In the order they run (GPU issue #52's order: the spread, the study, MFU, the gpu tests):
-# spread (only when named: it needs a call of its own, below), recipe (one seed of the GPU recipe,
-# measured in run 6, so only when named), the study cold then warm, the 124M benchmark, the tests
-# last (a deadline cuts them mid-way and their log still says which passed), seed only when named.
-# spread: run 8 took 491.8 s (its limit then 480 s: the part's wall counts the scratch set-up and the
-# summary after the grid); it needs a call of its own (GPU_ARGS="--parts spread").
-# study / study_warm: run 10's parts took 105.3 s cold and 92.6 s warm (run 9: 98.3 s cold).
-# bench: run 10's, with seven compiled graphs, was cut at 180 s after its first phase (3 graphs at
-# 32 x 1024, 62.6 s of compiling); the second phase compiles three (ours, nanoGPT-style, reference
-# at 16 x 1024), as run 6's 120 s bench did with five graphs in all.
-# tests: run 11 passed all in 120.2 s (run 10's 130 s limit cut two); pytest alone ~120 s.
+# Seconds per part, in run order, and for all parts: with set-up and start-up `bash run.sh gpu`
+# stays under 9 minutes, inside a 15-minute device window; the tests go last, so a cut log still
+# says which passed. Measured: spread ~492 s (a call of its own: GPU_ARGS="--parts spread"), study
+# ~105 s cold and ~93 s warm, tests ~120 s; bench did not fit 180 s with 7 compiled graphs (now 6).
 LIMITS = {"spread": 500, "recipe": 200, "study": 110, "study_warm": 100, "bench": 160, "tests": 130, "seed": 150}
 DEFAULT_PARTS = ("study", "study_warm", "bench", "tests")
 DEADLINE_S = 500
-# nanoGPT README, train_shakespeare_char on one A100: the best in-loop estimate of one run (every
-# 250 steps, 200 random batches of the validation split), compared with ours measured the same way.
+# nanoGPT README, train_shakespeare_char on one A100: the best in-loop estimate of one run, compared
+# with ours measured the same way.
 NANOGPT_VAL_LOSS = 1.4697
-TARGETS = {  # figure: (comparison, threshold), as the GPU issues state them
+TARGETS = {  # figure: (comparison, threshold)
     "setup_s": ("<=", 30),
     "tests_not_passed": ("<=", 0),
-    "mfu_compiled": (">=", 0.50),  # GPU issue #60
+    "mfu_compiled": (">=", 0.50),
     "ours_over_nanogpt_style_step": ("<=", 1.0),
     "ours_over_reference_step": ("<=", 0.9),
     "compiled_over_eager_step": ("<=", 0.8),
-    # launch to report.md written, the scratch set-up outside it (issue #52's target)
     "study_launch_to_report_s": ("<=", 60),
     "study_warm_launch_to_report_s": ("<=", 60),
     "recipe_best_estimate": ("<=", NANOGPT_VAL_LOSS),
@@ -105,8 +72,7 @@ TAIL_LINES = 25
 
 @dataclass
 class Part:
-    """A child process and how to read its figures afterwards (from its log text and the scratch
-    folder), also when it was cut short."""
+    """A child process and how to read its figures afterwards, also when it was cut short."""
     name: str
     argv: list[str]
     figures: Callable[[str], dict] = lambda log: {}
@@ -253,9 +219,8 @@ def warm_vs_cold(figures: dict) -> dict:
 
 
 def gpu_test_counts(log: str) -> dict:
-    """Counts from pytest -v's own lines, so a run cut mid-way still says what passed. The tests
-    asked for are the ones pytest selected: `-m gpu` deselects the rest of the files' tests, which
-    are neither run nor failed ("collected 17 items / 10 deselected / 7 selected")."""
+    """Counts from pytest -v's own lines, so a run cut mid-way still says what passed. Only the
+    tests pytest selected count: `-m gpu` deselects the files' other tests, which never ran."""
     status = dict(re.findall(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", log, re.M))
     started = re.findall(r"^(tests/\S+::\S+) ", log, re.M)
     passed = [t for t, s in status.items() if s == "PASSED"]
@@ -280,10 +245,9 @@ def bench_figures(result: Path) -> Callable[[str], dict]:
 
 
 def study_clock(tmp: Path) -> dict:
-    """The study's clocks from its scratch project under `tmp` (scripts/study.sh's `clock` file:
-    the set-up's start and the grid launcher's start; reports/report.md's time: the report
-    written), also when the part was cut before run.json: the launcher's start to report.md is the
-    study's time, the set-up before it its own figure."""
+    """The study's clocks from its scratch project under `tmp`, also when the part was cut before
+    run.json: scripts/study.sh's `clock` file holds the set-up's and the launcher's start, and
+    report.md's mtime ends the study's time."""
     clocks = sorted(tmp.glob("study-*/clock"))
     if not clocks:
         return {}
@@ -296,8 +260,7 @@ def study_clock(tmp: Path) -> dict:
 
 
 def study_figures(out: Path, prefix: str, tmp: Path | None = None) -> Callable[[str], dict]:
-    """The study's clocks (study_clock; run.json's wall_s, the grid launcher's own total) and the
-    baseline's validation loss."""
+    """The study's clocks (study_clock; run.json's wall_s) and the baseline's validation loss."""
     def read(log: str) -> dict:
         found = {"stages_started": len(re.findall(r"Running stage '", log))}
         if tmp is not None:
@@ -343,8 +306,8 @@ def gpu_parts(scratch: Path, args) -> list[Part]:
 
 
 def spread_part_figures(study: Callable[[str], dict], tmp: Path) -> Callable[[str], dict]:
-    """The study's clocks and the spread's statistics (gpu_spread.spread_figures), read from its
-    scratch project also when the part was cut."""
+    """The study's clocks and the spread's statistics, read from its scratch project also when the
+    part was cut."""
     def read(log: str) -> dict:
         projects = sorted((p for p in tmp.glob("study-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
         return {**study(log), **gpu_spread.spread_figures(projects[-1] if projects else None, NANOGPT_VAL_LOSS)}

@@ -1,21 +1,13 @@
 """The 124M benchmark of `bash run.sh gpu`: one training step of a GPT-2-small-shaped model in bf16.
 
-Three models of equal shape (12 layers, 12 heads, d 768, context 1024, vocab 50304, no biases, tied
-head), each eager and torch.compile'd, timed interleaved step for step in one process so the ratios
-are fair: ours (model/), a nanoGPT-style GPT (benchmarks/gpt_step.py's MinimalGPT: fused q/k/v,
-fused causal attention, one module per block) and a reference built only from torch.nn's own
-Transformer modules. tokens/s and MFU (training FLOPs per token by the train stage's formula, over
-the device's datasheet peak), each the median of --repeats timings, with the lowest and highest MFU
-of those repeats beside it (`mfu_range`).
-
-`ours_loss_only` is ours compiled through LossOnly (the step returns the loss alone, as the
-nanoGPT-style model does): whether a compiled graph that need not hand the
-batch x 1024 x 50304 logits out is faster (docs/gpu.md's logits hypothesis).
+Three models of equal shape, each eager and torch.compile'd, timed interleaved step for step in one
+process so the ratios are fair: ours (model/), a nanoGPT-style GPT (benchmarks/gpt_step.py's
+MinimalGPT) and a reference built only from torch.nn's Transformer modules; `ours_loss_only` tests
+docs/gpu.md#the-124m-model-mfu's logits hypothesis. tokens/s and MFU are the median of --repeats
+timings, the repeats' MFU range beside it (`mfu_range`).
 
 Run: python -m benchmarks.gpu_bench --result bench.json [--batch 16 --large-batch 32 --steps 10 --repeats 5]
-The result file is rewritten after each phase (first the MFU question: ours, ours_loss_only and
-the nanoGPT-style model compiled at the larger micro-batch; then all six runs interleaved at
---batch, eager and compiled), so a run stopped at a time limit keeps what it measured.
+The result file is rewritten after each phase, so a run stopped at a time limit keeps its figures.
 """
 from __future__ import annotations
 
@@ -110,14 +102,9 @@ def attention_kernels(run: Callable[[], None]) -> list[str]:
 
 def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats: int, compile_models: bool,
               write: Callable[[dict], None] | None = None, large_batch: int | None = None) -> dict:
-    """tokens/s and MFU of the three models, eager (and compiled), interleaved step for step.
-
-    Compiled, the MFU question comes first: ours, ours through LossOnly and the nanoGPT-style
-    model compiled and timed against each other at `large_batch` sequences a step (phase 1, the
-    micro-batch nanoGPT and llm.c use at this size; its own static graphs), then the reference is
-    compiled and the three models eager and compiled at `batch` are timed together (phase 2).
-    `write(out)` is called after each phase. `mfu_compiled` is the best of ours' compiled runners
-    (`mfu_compiled_runner`, at `mfu_compiled_batch`), its repeats' range beside it."""
+    """tokens/s and MFU of the three models, eager (and compiled), interleaved step for step: phase 1
+    at `large_batch` (the micro-batch nanoGPT and llm.c use at this size), phase 2 at `batch`
+    (_runners); `write(out)` is called after each."""
     cfg = gpt_config(**shape)
     torch.manual_seed(0)
     models = {name: build(cfg, name).to(device).train() for name in MODELS}
@@ -205,9 +192,7 @@ def _runners(models: dict[str, nn.Module], stepper: Callable, batch: int, large_
     compiled = {name: torch.compile(m, dynamic=False) for name, m in models.items()}
     compiled["ours_loss_only"] = torch.compile(LossOnly(models["ours"]), dynamic=False)
     owner = {**{n: n for n in models}, "ours_loss_only": "ours"}  # whose parameters a runner trains
-    # The MFU question first, at the larger micro-batch (where the MFU is higher): ours, ours
-    # returning the loss alone, the nanoGPT-style model; then the three models at `batch`.
-    first = ["ours", "ours_loss_only", "nanogpt_style"]
+    first = ["ours", "ours_loss_only", "nanogpt_style"]  # the MFU question, at large_batch
     at_batch = list(models) if large_batch and large_batch != batch else list(compiled)
     runs.update({f"{name}_compiled": stepper(models[owner[name]], compiled[name], batch) for name in at_batch})
     if large_batch and large_batch != batch:

@@ -1,23 +1,11 @@
 """The spread part of `bash run.sh gpu` (benchmarks/gpu.py, part `spread`): nanoGPT's GPU recipe as
 today's nanoGPT has it and as nanoGPT had it at commit 23a8e701, 5 seeds each, side by side on one
-GPU, and where nanoGPT's README number (1.4697) falls against each.
+GPU, and where nanoGPT's README number (1.4697) falls against each (docs/gpu.md#running-it).
 
-- One study, two arms: `spread_preset` writes a complete params file from the two presets:
-  presets/nanogpt_shakespeare_char_gpu.yaml with seeds 0-4, its baseline, and an arm
-  `nanogpt_23a8e701` holding exactly what presets/nanogpt_shakespeare_char_gpu_23a8e701.yaml sets
-  differently (read from the two files, never typed here; it refuses a difference outside the
-  model and train sections). scripts/study.sh runs it like any preset (STUDY_PRESET_FILE), through
-  the grid launcher: its 10 train stages start at once and share the GPU in as many slots as
-  train.runs_per_gpu (`auto`: the planner's memory estimate, at most one run per CPU core) gives;
-  each run's train.json records the count and why.
-- Per arm (`spread_figures`, from the scratch project's own files, also when the part was cut):
-  the mean, the 95% t-interval of the mean and the 95% prediction interval of one new run
-  (`interval_stats`) of the best in-loop estimate (train.json val_estimate_best, the quantity of
-  nanoGPT's number: the report's Reference section calls it best_estimate) and of the kept model's
-  loss over the whole validation split (eval.json val_loss), and where 1.4697 falls against each
-  prediction interval: inside, or the gap with its sign. Only finished runs enter the statistics;
-  a run cut short gives its best in-loop estimate so far (the trainer's `val estimate` log lines)
-  beside them.
+`spread_preset` makes the two presets one study of two arms, the second holding exactly what the
+23a8e701 preset sets differently (read from the two files, never typed here). `spread_figures`
+reads each arm's statistics from the scratch project's own files, also when the part was cut: only
+finished runs enter them; a run cut short gives its best in-loop estimate so far beside them.
 """
 from __future__ import annotations
 
@@ -36,7 +24,7 @@ ARMS = {"baseline": TODAY, "nanogpt_23a8e701": THEN}  # variant -> the preset it
 NAME = "nanogpt_shakespeare_char_gpu_spread"  # the generated preset's name (presets/NAME.yaml in the scratch copy)
 SEEDS = (0, 1, 2, 3, 4)
 CONFIDENCE = 0.95
-# nanoGPT README's "best validation loss" (one run, train.py's best in-loop estimate): benchmarks.gpu's too.
+# nanoGPT README's "best validation loss" (one run, train.py's best in-loop estimate).
 NANOGPT_VAL_LOSS = 1.4697
 ESTIMATE_LINE = re.compile(r"^val estimate (\S+) at step (\d+)/(\d+)$", re.M)
 
@@ -46,10 +34,9 @@ def _read(name: str, root: Path) -> dict:
 
 
 def arm_overrides(root: Path = ROOT) -> dict:
-    """What presets/THEN.yaml sets differently from presets/TODAY.yaml, as an ablation's overrides
-    ({"model": {...}, "train": {...}}). Only model and train settings may differ (the report's
-    experiment name and notes are words); a key today's file sets and THEN's lacks cannot be an
-    override, and is refused too."""
+    """What presets/THEN.yaml sets differently from presets/TODAY.yaml, as an ablation's overrides.
+    Only model and train settings may differ (and the report's words); a key today's file sets and
+    THEN's lacks cannot be an override, and is refused too."""
     today, then = _read(TODAY, root), _read(THEN, root)
     out: dict[str, dict] = {}
     for section in sorted(set(today) | set(then)):
@@ -80,11 +67,9 @@ def spread_preset(root: Path = ROOT) -> str:
 
 
 def interval_stats(values: Sequence[float], reference: float | None = None, confidence: float = CONFIDENCE) -> dict:
-    """n, mean, standard deviation (ddof 1), the t-interval of the mean, mean ± t·sd/√n, and the
-    prediction interval of one new run, mean ± t·sd·√(1 + 1/n), t the (1 + confidence)/2 quantile
-    of Student's t with n − 1 degrees of freedom; and where `reference` falls against the
-    prediction interval: inside, or above/below it by `gap` (reference minus the nearer bound:
-    positive above, negative below). Fewer than two values: no interval (None), and `note` says so."""
+    """n, mean, sd (ddof 1), the t-interval of the mean, mean ± t·sd/√n, and the prediction interval
+    of one new run, mean ± t·sd·√(1 + 1/n) (t of n − 1 degrees of freedom); and where `reference`
+    falls against the prediction interval (`position`). Fewer than two values: no interval."""
     from scipy import stats as sps
 
     x = [float(v) for v in values]
@@ -183,9 +168,8 @@ def spread_figures(project: Path | None, reference: float = NANOGPT_VAL_LOSS) ->
 
 def compare_arms(spread: dict, quantity: str = "best_estimate", alpha: float = round(1 - CONFIDENCE, 10)) -> dict:
     """Do the two readings of nanoGPT's recipe land on different numbers? Welch's t-test of the
-    arms' finished runs of `quantity` (unequal variances; the arms are separate runs), the
-    difference of their means (the 23a8e701 reading minus today's) with its 95% Welch interval,
-    and, the seeds being shared, the paired t-test by seed beside it. `differ`: Welch's p < alpha."""
+    arms' finished runs of `quantity`, the difference of their means (23a8e701 minus today) with its
+    Welch interval, and, the seeds being shared, the paired t-test by seed beside it."""
     from scipy import stats as sps
 
     today, then = (spread["arms"][arm][quantity]["values"] for arm in ARMS)

@@ -2,22 +2,13 @@
 
 Run: python -m benchmarks.grid_wall [--params params.yaml] [--jobs auto] [--modes cold,serial,grid] [--out FILE.json]
 
-Each mode runs the whole study from scratch in its own scratch project (git + DVC initialised, an
-MLflow store of its own), one after the other on this machine in the same run:
-  repro   `dvc repro`, as typed by hand            warm starts on a CPU machine by themselves: the
-                                                   first stage starts a server for this DVC process
-                                                   (pipeline/warm/auto.py), the next are served
-  cold    `ABLATION_LAB_WARM=0 dvc repro`          each stage a new Python process
-  serial  `python -m pipeline.grid -j 1 --times --warm`   the same `dvc repro` with warm starts (a
-                                                   server holds the imports; `bash run.sh repro -j 1`)
-  grid    `python -m pipeline.grid -j N --times --warm`   side by side, warm (what `bash run.sh` runs;
-                                                   --warm: on a GPU machine too, where it is off by default)
-Every stage, cold or warm, ends through pipeline.warm.exit.run_main (no interpreter teardown);
-`fast_exit` in the JSON says whether the measured code did (older JSONs predate it).
-and the summed training loops of its runs (train.json `wall_time_s`) are read back. Printed JSON:
-each mode's wall, loops and per-stage-family seconds, and the ratios the grid issue asks for:
-a serial wall / its own loops, and the grid's wall / a *serial* run's loops (the quiet reference:
-the grid's own loops are slower, since its runs share the cores).
+Each mode (docs/tests-and-benchmarks.md#a-studys-time-stage-by-stage) runs the whole study from
+scratch in its own scratch project, one after the other; serial and grid pass the launcher --warm.
+Printed JSON: each mode's wall, summed training loops (train.json) and per-family seconds, a serial
+wall over its own loops, and the grid's wall over a *serial* run's loops (the quiet reference: the
+grid's own loops are slower, its runs sharing the cores). `fast_exit` says whether every stage of
+the measured code ends through pipeline.warm.exit.run_main. What it measured:
+docs/scaling-out-and-cost-plan.md#running-the-grid-in-parallel.
 """
 from __future__ import annotations
 
@@ -36,7 +27,7 @@ from pipeline.io.atomic import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("repro", "cold", "serial", "grid")
-# The grid issue's targets (#41): a plain `dvc repro`, `bash run.sh repro -j 1`; the grid's is below.
+# Targets of wall over loops: a plain `dvc repro`, `bash run.sh repro -j 1`; the grid's is below.
 TARGETS = {"repro": 1.5, "serial": 1.4}
 COPIED = ("model", "pipeline", "benchmarks", "dvc.yaml", "presets", ".dvcignore")
 
@@ -84,9 +75,8 @@ def variant_loops(project: Path) -> dict[tuple[str, None], float]:
 
 
 def planned_wall(params: Path, loops: dict, jobs: int, warm: bool) -> dict:
-    """What `python -m pipeline.plan` predicts for this study's stages (the committed studies' stage
-    costs, warm or cold, scheduled on `jobs` slots), on the quiet serial run's measured loops: it
-    checks the stage costs and the schedule, not the training time model."""
+    """What `python -m pipeline.plan` predicts for this study's stages on the quiet serial run's
+    measured loops: it checks the stage costs and the schedule, not the training time model."""
     from pipeline.params import load_params
     from pipeline.planning.study import fit_costs, loop_slowdown, schedule, study_stages
 
@@ -171,7 +161,6 @@ def main() -> None:
         targets["grid_wall_over_serial_loops"] = {"target": "<= 1.2",
                                                   "met": result["grid_wall_over_serial_loops"] <= 1.2}
     result["targets"] = targets
-    # The planner's study wall for each mode, on the quiet serial run's own loops.
     quiet = projects["serial"] if "serial" in projects else projects[modes[0]]
     loops = variant_loops(quiet)
     for name in modes:

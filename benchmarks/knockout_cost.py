@@ -3,16 +3,12 @@
 Run: python -m benchmarks.knockout_cost [--preset nanogpt_shakespeare_char] [--repeats 3]
 Prints one JSON object to stdout.
 
-The preset's baseline model (random weights: time does not depend on them) on random tokens of
-its training shape (train.batch_size x train.context), on the CPU (--threads, default 1):
-- knockout_s: the knockout stage's model work for one seed, measured: the mean-ablation pass over
-  knockout.mean_examples windows, then the un-knocked model and every knock-out of
-  model.knockout.plan each scoring knockout.max_loss_tokens tokens (forward only, as the stage).
-- train_s: one run's training, from the median time of a training step (forward, backward, AdamW)
-  times the run's steps (train.budget_steps, or budget_tokens over the batch).
-- ratio_per_run = knockout_s / train_s, and study_share = what the knock-outs add over the study's
-  training, the seeds knockout.seeds selects (all of them when off) x knockout_s over variants x seeds x train_s.
-Process start-up (~2 s per stage) and the evaluate stages are not in either figure.
+The preset's baseline model (random weights: time does not depend on them) on random tokens of its
+training shape, on the CPU: knockout_s is the knockout stage's model work for one seed (the
+mean-ablation pass, then the un-knocked model and every knock-out scoring knockout.max_loss_tokens
+tokens), train_s one run's training (the median step time x the run's steps); study_share is what
+the knock-outs add over the study's training. Process start-up (~2 s per stage) and the evaluate
+stages are in neither figure.
 """
 from __future__ import annotations
 

@@ -3,15 +3,12 @@
 Run: python -m benchmarks.model_speed [--device cuda --dtype bf16] [--repeats 5] [--threads 2] ...
 Prints one JSON object to stdout.
 
-Every model does per step: shared token embedding (scaled), sinusoidal positions, a post-norm
-ReLU encoder-decoder, tied output projection, cross-entropy, backward, AdamW step, dropout 0.1,
-source key-padding and causal target masks. The reference wraps nn.Transformer in exactly that
-(its encoder/decoder final LayerNorms are part of nn.Transformer and are kept; ~free).
-  ours_equal_work      dropout also on attention weights, as nn.Transformer does: same work.
-  ours_default         our default (the paper's): no attention dropout, so sdpa may use flash.
-  ours_default_manual  the same with the written-out attention.
-Models run interleaved (A, B, C, D, A, ...) after warm-up so drift of the machine hits all
-alike; each figure is the median over repeats, in wall-clock and in process CPU time.
+Every model does the same step (a post-norm ReLU encoder-decoder with tied embeddings, dropout 0.1,
+padding and causal masks, AdamW); the reference wraps nn.Transformer in exactly that (its final
+LayerNorms kept, ~free). ours_equal_work puts dropout on attention weights as nn.Transformer does;
+ours_default (the paper's placement) does not, so sdpa may use flash; ours_default_manual is that
+with the written-out attention. Models run interleaved after warm-up so the machine's drift hits
+all alike; each figure is the median over repeats, in wall-clock and in process CPU time.
 """
 from __future__ import annotations
 
@@ -42,9 +39,8 @@ class ReferenceTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        # Same init as ours. nn.Embedding's default N(0, 1) with the sqrt(d) scale and tying gives
-        # logits of size ~sqrt(d), a saturated softmax and denormal gradients, which made the
-        # reference ~3x slower on CPU for a reason that has nothing to do with nn.Transformer.
+        # Same init as ours: nn.Embedding's N(0, 1) with the sqrt(d) scale and tying saturates the
+        # softmax into denormal gradients, ~3x slower on CPU for no reason of nn.Transformer's.
         nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
         self.register_buffer("pos", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
         self.transformer = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_encoder_layers,
@@ -84,11 +80,8 @@ def make_step(model: nn.Module, batch: tuple[Tensor, Tensor, Tensor], device: st
 
 def time_interleaved(steps: dict[str, Callable[[], None]], repeats: int, warmup: int,
                      device: str) -> dict[str, dict[str, float]]:
-    """Median wall-clock and process-CPU seconds per step for each callable, run round-robin.
-
-    CPU time is reported too because on a shared machine wall time also counts the time other
-    processes hold the cores; with few threads it is the steadier of the two.
-    """
+    """Median wall-clock and process-CPU seconds per step for each callable, run round-robin (CPU
+    time: on a shared machine the steadier of the two with few threads)."""
     for _ in range(warmup):
         for fn in steps.values():
             fn()
@@ -148,9 +141,7 @@ def main() -> None:
                        n_encoder_layers=args.enc_layers, n_decoder_layers=args.dec_layers,
                        d_ff=args.d_ff, dropout=0.1, max_len=max(512, args.length + 1))
     configs = {
-        # Same dropout placement as nn.Transformer (also on attention weights): equal work.
         "ours_equal_work": dataclasses.replace(base, attention_dropout=base.dropout),
-        # Our default, the paper's placement (no attention dropout): lets sdpa use flash attention.
         "ours_default": base,
         "ours_default_manual": dataclasses.replace(base, attention_impl="manual"),
     }

@@ -3,21 +3,14 @@
 Run: python -m benchmarks.nanogpt_proxy [--text PATH] [--seeds 0 1 2] [--steps 1500] [--out FILE]
 Prints one JSON object (and writes it to --out, atomically).
 
-The recipe's regime at a CPU size: character-level Tiny Shakespeare, dropout 0.2 (embeddings,
-attention probabilities, sublayer outputs), GPT-2 init, AdamW 1e-3 with betas (0.9, 0.99) and
-weight decay 0.1 on every matrix, warmup then cosine to 1e-4, clip 1.0, random training windows,
-and many passes over a cut training text, so the model overfits and the best in-loop estimate
-comes before the last step, as on the GPU. Defaults: 3 layers x 4 heads x 96, context 32, batch 16,
-1500 steps over the first 10,000 training characters (77 passes; the GPU recipe makes 81), warmup
-50, an estimate of 20 batches every 100 steps: about 1.5 minutes a run on one core. Per seed, on the same data, the same training windows
-(our batch plan) and the same validation windows:
-- ours: the model as presets/nanogpt_shakespeare_char_gpu.yaml configures it (at this shape),
-  trained by pipeline.training.trainer.train with eval_windows random and keep best;
-- nanogpt: benchmarks.nanogpt_reference.GPT trained by a loop written as nanoGPT's train.py's
-  (its optimizer groups, its get_lr, its estimate), keeping its best estimate's weights.
-Each run records its best and last in-loop estimates and the whole-split validation loss (every
-non-overlapping window once, trainer.evaluate_loss) of its kept and its last model. The check: for
-each quantity, the two models' seed means differ by no more than the larger of their seed ranges.
+The recipe's regime at a CPU size (its preset's settings at a smaller shape): dropout 0.2, GPT-2
+init, and many passes over a cut training text, so the model overfits and the best in-loop estimate
+comes before the last step, as on the GPU. The defaults make 77 passes (the GPU recipe 81), about
+1.5 minutes a run on one core. Per seed, on the same training and validation windows: ours
+(pipeline.training.trainer.train, keep best) and benchmarks.nanogpt_reference.GPT trained by a loop
+written as nanoGPT's train.py's. The check: for each of the best and last in-loop estimates and the
+whole-split loss of the kept and the last model, the two seed means differ by no more than the
+larger of their seed ranges (docs/gpu.md#nanogpts-recipe-one-seed).
 """
 from __future__ import annotations
 
@@ -77,7 +70,7 @@ def recipe_model(vocab: int, args) -> ModelConfig:
     section = resolve_variant(load_params(PRESET), "baseline")["model"]
     shape = {"d_model": args.d_model, "n_heads": args.heads, "n_decoder_layers": args.layers,
              "d_ff": 4 * args.d_model, "max_len": args.context}
-    # Ids 0..vocab-1 are characters; pad is never a target here (pad_id = vocab: out of every window).
+    # pad_id = vocab: no window holds it, so it is never a target.
     return ModelConfig(**{**section, **shape, "vocab_size": vocab + 1, "pad_id": vocab, "bos_id": 0, "eos_id": 1})
 
 

@@ -1,22 +1,10 @@
 """A GPT written to nanoGPT's recipe (model.py and train.py, commit 3adf61e), to check ours against.
 
-This project's own few lines, not nanoGPT's code, kept faithful where results depend on it:
-- forward: token + learned position embeddings, dropout; per block x + resid_drop(proj(attn(ln_1(x))))
-  with dropout on the attention probabilities (SDPA's dropout_p), then
-  x + drop(c_proj(gelu(c_fc(ln_2(x))))) (no dropout on the MLP's hidden layer; GPTShape.gelu "tanh"
-  is the tanh approximation nanoGPT had at commit 23a8e701); final LayerNorm;
-  the output layer tied to the token table; cross-entropy over every position. No biases here
-  (the Shakespeare recipe's bias=False).
-- init: every linear weight and embedding table N(0, 0.02), the two residual output projections
-  of each block N(0, 0.02 / sqrt(2 * n_layer)).
-- optimizer: AdamW, weight decay on every parameter with 2 or more dimensions (embeddings
-  included), none on the rest; learning rate: linear warmup lr * (it + 1) / (warmup + 1), then
-  cosine to min_lr at lr_decay_iters (lr_at_23a8e701: the warmup lr * it / warmup of commit 23a8e701).
-- the estimate: mean loss over eval_iters batches of windows at random offsets of the split.
-
-`copy_weights(ref, ours)` loads these weights into our decoder-only model of the same shape
-(model.ModelConfig with the preset's settings), for the training-mode equivalence test
-(tests/test_nanogpt_recipe.py) and the CPU proxy (benchmarks/nanogpt_proxy.py).
+This project's own few lines, not nanoGPT's code, kept faithful where results depend on it: where
+dropout falls (none on the MLP's hidden layer), the init (residual output projections scaled by
+1/sqrt(2 * n_layer)), the optimizer's decay groups and get_lr; no biases (the Shakespeare recipe's
+bias=False). `copy_weights(ref, ours)` loads these weights into our decoder-only model of the same
+shape, for tests/test_nanogpt_recipe.py's training-mode equivalence and benchmarks/nanogpt_proxy.py.
 """
 from __future__ import annotations
 

@@ -3,13 +3,10 @@
 Run: python -m benchmarks.plan_memory [--presets tinystories_cpu tiny_shakespeare_cpu]
 Prints one JSON object to stdout.
 
-For each preset's baseline, a fresh process runs the same kernels once on a one-row batch (so code
-pages and thread pools are resident), resets its peak resident memory (Linux clear_refs), builds the
-real model at the preset's largest batch (language modelling: batch_size x context; random token
-ids), runs three training steps (forward, backward, clipping, AdamW, zero_grad as the train stage
-does) and reads the peak resident memory (VmHWM) minus the resident memory before. ratio = measured / planned: above 1 the
-plan undercounts (allocator caching, AdamW's foreach temporaries), below 1 it overcounts.
-Only language-model presets: their batch shape needs no data.
+For each preset's baseline, a fresh process takes three training steps at the preset's largest
+batch and reports its peak resident memory over what was resident before. ratio = measured /
+planned: above 1 the plan undercounts (allocator caching, AdamW's foreach temporaries). Only
+language-model presets: their batch shape needs no data.
 """
 from __future__ import annotations
 

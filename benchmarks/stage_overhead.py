@@ -3,30 +3,14 @@
 Run: python -m benchmarks.stage_overhead [--repeats 3] [--params FILE] [--against CHECKOUT] [--keep DIR]
 Prints one JSON object to stdout (the stages' own output goes to stderr).
 
-A scratch project (git + DVC; the tests' tiny params with one knock-out seed, or --params) runs
-`dvc repro` once. Then, per stage family, its first stage (train@baseline-0, ...) is taken apart,
-each figure a child process run --repeats times (the median):
-  python          `python -c pass`: the interpreter alone, the reference every ratio divides by
-  import          `python -c "import pipeline.<stage>"`: the interpreter and the module's imports
-  run             the stage's command as dvc.lock has it, its outputs sent to a scratch folder
-  imports         seconds per third-party package the run imported, at start-up or later
-                  (python -X importtime: the first import of each, its own imports included,
-                  so nltk is counted inside rouge_score too), and all imports together
-  data            reading the shards and tokenizer the stage reads (after its imports)
-  loop            train only: the training loop (train.json's wall_time_s), the work the stage is for
-  fixed           run - loop (train), else run: what the stage costs beyond its own work
-  dvc             `dvc repro --single-item --force <stage>` less run: DVC's own work around a stage
-                  that runs (its start, hashing deps and outputs, caching them, writing dvc.lock)
-and for the project: `dvc status`, and `dvc repro --single-item` of an up-to-date stage.
-
-Every figure has wall_s and cpu_s (user + system of the child and its children): on a busy machine
-the wall grows with the load and the CPU time much less (a multi-threaded torch loop spins, so its
-CPU time grows too). `load` is the 1-minute load average before and after; `ratio` = wall_s over
-python's wall_s, measured in the same run.
-
---against CHECKOUT: a second scratch project with that checkout's model/, pipeline/ and dvc.yaml
-(the code before a change, say), measured figure by figure in turn with this one, so a busy
-machine's load falls on both alike; `ratio_to_against` = this code's wall over the other's.
+A scratch project (the tests' tiny params with one knock-out seed, or --params) runs `dvc repro`
+once; then each family's first stage is taken apart, each figure (wall_s and cpu_s) the median of
+--repeats children: `python -c pass` (what ratios divide by), the module's import, the stage's
+command as dvc.lock has it (`run`, outputs sent to scratch), seconds per package it imported, its
+data reads, the training loop (train only; `fixed` = run - loop) and `dvc` = `dvc repro
+--single-item --force` less run. --against CHECKOUT measures that checkout's code figure by figure
+in turn with this one, so load falls on both alike. What it found:
+docs/scaling-out-and-cost-plan.md#know-the-cost-first.
 """
 from __future__ import annotations
 
@@ -113,11 +97,10 @@ def package_of(module: str) -> str | None:
 
 
 def import_times(stderr: str) -> dict:
-    """{package: seconds} of each of PACKAGES the process imported, and "all": every import together,
-    from `python -X importtime` output (`import time: self | cumulative | name`, indented by depth;
-    a module's line comes after its own imports' lines). A package's figure is the cumulative time
-    of its modules' lines that no line of the same package encloses, so it holds what it imported
-    first: nltk is counted inside rouge_score too, and torch._dynamo is not inside torch."""
+    """{package: seconds} of each of PACKAGES the process imported, and "all", from `python -X
+    importtime` output (indented by depth; a module's line comes after its own imports' lines). A
+    package's figure is the cumulative time of its lines that no line of the same package encloses:
+    nltk is counted inside rouge_score too, and torch._dynamo is not inside torch."""
     pending: dict[int, list] = {}
     for line in stderr.splitlines():
         m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( +)(\S+)", line)
@@ -212,8 +195,7 @@ def family_figures(family: str, stage: str, cmd: str, project: Path, env: dict, 
 
 
 def measure(projects: dict[str, tuple[Path, dict]], n: int) -> dict:
-    """Every figure for each project, the projects taking turns figure by figure (so a change of
-    load on a shared machine falls on both alike)."""
+    """Every figure for each project, the projects taking turns figure by figure."""
     out = {name: {"repro": repro(project, env)} for name, (project, env) in projects.items()}
     for name, (project, env) in projects.items():
         out[name]["python"] = repeat([sys.executable, "-c", "pass"], project, env, n)
@@ -266,7 +248,6 @@ def main() -> None:
            **results["this"]}
     if args.against:
         out["against"] = {"code": str(args.against), **results["against"]}
-        # this / against, per family: below 1 this code's stage is cheaper.
         out["ratio_to_against"] = {f: {k: round(v[k]["wall_s"] / results["against"]["families"][f][k]["wall_s"], 2)
                                        for k in ("import", "run")}
                                    for f, v in results["this"]["families"].items() if f in results["against"]["families"]}

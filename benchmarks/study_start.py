@@ -4,13 +4,10 @@ steps" line, printed as its loop begins), cold and warm.
 
 Run: python -m benchmarks.study_start [--preset nanogpt_shakespeare_char] [--modes cold,warm]
                                       [--repeats 2] [--against CHECKOUT]
-Prints one JSON object. Each trial is a scratch project made as scripts/study.sh makes one (the
-code, dvc.yaml and presets copied, git and DVC initialised, the preset applied); the launcher
-(`python -m pipeline.grid`, -j auto, --cold for cold) is stopped with a Ctrl-C once the first
-training step is seen, so a trial costs seconds, not the study. --against CHECKOUT times that
-checkout's code the same way, trial for trial in turn with this one (the code before a change),
-so a busy machine's load falls on both alike; `ratio_to_against` = this code's median over the
-other's. The preset's corpus must be in the download cache (offline), as for the study itself.
+Prints one JSON object. Each trial is a scratch project made as scripts/study.sh makes one, whose
+launcher is stopped with a Ctrl-C once the first training step is seen, so a trial costs seconds,
+not the study. --against CHECKOUT times that checkout's code trial for trial in turn with this one,
+so load falls on both alike. The preset's corpus must be in the download cache (offline).
 """
 from __future__ import annotations
 

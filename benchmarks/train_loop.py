@@ -3,18 +3,12 @@
 Run: python -m benchmarks.train_loop [--device cuda] [--repeats 5] [--steps 30]
 Prints one JSON object to stdout.
 
-- loop: `trainer.train`, the real loop (batch plan, collation on the training thread, token-weighted
-  loss, clipping, schedule, logging, the final validation pass), to a fixed number of steps on
-  synthetic data encoded by the real stages; tokens/s from the loop's own wall time.
-- bare: the same model's forward + backward + AdamW step on the same batches, collated and moved to
-  the device beforehand. loop_overhead = bare tokens/s / loop tokens/s, the median of the per-round
-  ratios (1.0 = the loop is free).
-- loader: the seq2seq batch plan + collate alone over whole epochs, and LM windows read from the
-  memory-mapped token file. Loading runs on the training thread, so loader tokens/s must be >= 20x
-  what training consumes for it to cost under 5%.
-Loop, bare and loader are interleaved after a warm-up round, in alternating order; each figure is
-the median over repeats.
-The 124M model's MFU on a GPU is benchmarks/gpu.py's (`bash run.sh gpu`).
+- loop: `trainer.train`, the real loop, a fixed number of steps on synthetic data encoded by the
+  real stages; bare: the same model's forward + backward + AdamW step on the same batches, collated
+  and moved beforehand. loop_overhead = bare tokens/s / loop tokens/s (1.0: the loop is free).
+- loader: the seq2seq batch plan + collate alone, and LM windows from the memory-mapped token file.
+  Loading runs on the training thread, so it must be >= 20x what training consumes to cost under 5%.
+Each figure is the median over repeats, interleaved after a warm-up round in alternating order.
 """
 from __future__ import annotations
 
@@ -166,7 +160,7 @@ def main() -> None:
                     results[k].append(v)
         loop = statistics.median(results["loop"])
         bare = statistics.median(results["bare"])
-        # Paired per round: the machine's drift (other jobs) hits both sides of a ratio alike.
+        # Paired per round: the machine's drift hits both sides of a ratio alike.
         overhead = statistics.median(b / lp for b, lp in zip(results["bare"], results["loop"]))
         loader_bps = statistics.median(b for b, _ in results["loader"])
         loader_tps = statistics.median(t for _, t in results["loader"])

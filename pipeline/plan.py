@@ -7,27 +7,10 @@
     python -m pipeline.plan --cold                   # ... each stage a new process (ABLATION_LAB_WARM=0)
 
 Not a DVC stage: it reads params.yaml (and, where they exist, the encode stage's manifest and the
-committed study reports) and writes nothing. Per variant (and scale point) and in total it prints
-parameters, training FLOPs per target token, target tokens and runs, the estimated wall time and
-each run's peak memory against the device's.
-
-Design decisions:
-- Every model is built by the train stage's own code on the meta device (real parameter counts, no
-  weight allocated); FLOPs are the train stage's formula; activation memory is what one meta-device
-  forward keeps for backward (pipeline/planning/estimate.py).
-- GPU time: per step, the longer of its FLOPs / (datasheet bf16 peak in pipeline.training.device x
-  --mfu, default 0.35) and the host's own work per step (the CPU fit's cost per sublayer below).
-  CPU time: small models on a CPU are bound by more than FLOPs, so wall = steps x (sublayers x a
-  cost per sublayer + the activation bytes of the mean batch / a rate) + FLOPs / (this CPU's
-  cached peak x MFU), the three constants fitted to the wall times of committed CPU studies
-  (reports/**/report.md, whose cost tables the report stage writes from each run's train.json;
-  pipeline/planning/calibration.py).
-- The study: every stage dvc.yaml lays out (data stages, train, evaluate, knock-outs, report),
-  each the training loop above plus its family's fixed cost, or its family's measured seconds per
-  stage, as the committed studies' run.json measured them (`stage_s`), scheduled on --jobs slots
-  as the grid launcher runs them (pipeline/planning/study.py), warm (as the launcher and, after its
-  first stage, a plain `dvc repro` run them; --cold: each a new process). --jobs 1 is `python -m pipeline.grid -j 1`, a serial `dvc repro`.
-- The train stage's own validation passes are in the measured CPU walls only.
+committed study reports) and writes nothing. What it prints and how each figure is modelled:
+docs/scaling-out-and-cost-plan.md#know-the-cost-first; per run pipeline/planning/estimate.py (the
+CPU fit in calibration.py), per study pipeline/planning/study.py. The train stage's own validation
+passes are in the measured CPU walls only.
 """
 from __future__ import annotations
 
@@ -46,7 +29,7 @@ from pipeline.planning.study import decide_bounds, families, fit_costs, loop_slo
 
 # --device: (name in device.GPU_PEAK_BF16, memory in bytes from the vendor's data sheet).
 GPUS = {"h100": ("H100", 80 * 10**9), "a100": ("A100", 80 * 10**9), "4090": ("4090", 24 * 10**9)}
-DEFAULT_MFU = 0.35  # the issue's stated default; well-tuned bf16 training reports 35-50% (PaLM: 46%)
+DEFAULT_MFU = 0.35  # well-tuned bf16 training reports 35-50% (PaLM: 46%)
 
 
 def gpu_peak(name: str) -> float:
@@ -71,13 +54,9 @@ def fmt_time(s: float) -> str:
 
 
 def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: str = "measured") -> dict:
-    """Peak FLOP/s, memory and the time model (`time`, a Calibration) of `device`.
-
-    cpu: the time model fitted to the committed studies (`reports`), the peak measured here once
-    and cached (cpu_peak="studies": the one the committed runs divided by); --mfu replaces the
-    fitted MFU. GPU: the datasheet peak x `mfu` (default DEFAULT_MFU); no GPU run has been
-    measured, so the host's work per sublayer is the CPU fit's.
-    """
+    """Peak FLOP/s, memory and the time model (`time`, a Calibration) of `device`. cpu: fitted to
+    `reports`, the peak measured here once and cached (cpu_peak="studies": the committed runs').
+    GPU: the datasheet peak x `mfu`; no GPU run is measured, so the host's cost is the CPU fit's."""
     if device == "cpu":
         from pipeline import cpu_numerics
         from pipeline.training.device import _cpu_model, cpu_peak_flops
@@ -139,9 +118,8 @@ def table(rows: list[Row], facts: dict) -> str:
 
 
 def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: int, warm: bool = True) -> dict:
-    """The study's stages timed and scheduled on `jobs` slots (pipeline/planning/study.py), served
-    warm or cold; on a CPU the slots share this machine's cores. {"error": why} where no committed
-    study timed its stages."""
+    """The study's stages timed and scheduled on `jobs` slots (planning/study.py), warm or cold;
+    {"error": why} where no committed study timed its stages."""
     try:
         costs = fit_costs(sorted(p.parent for p in calibration.rglob("run.json")), warm)
     except PlanError as exc:
@@ -218,8 +196,7 @@ def report_text(params_path: Path, rows: list[Row], facts: dict, lengths_source:
 
 
 def brief(params_path: Path, rows: list[Row], facts: dict, lm: bool, has_manifest: bool, study: dict) -> str:
-    """One line: runs, time per run (range) and in all, the study's wall, the largest run's memory
-    and whether it fits."""
+    """One line: runs, time per run and in all, the study's wall, the largest run's memory, fits."""
     per_run = sorted(r.seconds_per_run for r in rows)
     span = fmt_time(per_run[0]) + ("" if fmt_time(per_run[-1]) == fmt_time(per_run[0]) else f"-{fmt_time(per_run[-1])}")
     biggest = max(rows, key=lambda r: r.memory["total"])
@@ -269,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         manifest = read_manifest(args.shards)
         rows, why = plan(params, manifest, args.device, facts["peak_flops"], facts["time"], facts["memory_bytes"],
                          args.shards)
-        # The launcher runs cold on a GPU machine unless given --warm (pipeline/grid/__main__.py).
+        # A GPU --device is planned cold (--cold's help), though the launcher runs warm there too.
         study = study_wall(params, rows, facts, args.calibration, args.jobs, not args.cold and args.device == "cpu")
     except (ValueError, OSError) as exc:  # ParamsError and PlanError are ValueErrors
         raise SystemExit(f"plan: {str(exc).strip().splitlines()[0]}") from None

@@ -4,16 +4,10 @@
     python -m pipeline.preset tinystories     # validate presets/tinystories.yaml, copy it over params.yaml
     dvc repro                                 # then run it (or `dvc exp run` to keep it as an experiment)
 
-Design decisions:
-- params.yaml stays the one file DVC reads and tracks: a preset is copied over it whole, comments
-  included, so there is no second place where settings live, `dvc params diff` shows the switch and
-  `dvc repro` reruns exactly the stages whose keys changed.
-- A preset is validated before anything is written, with the pipeline's own schema
-  (`pipeline.params.load_params`) plus what would otherwise only fail mid-run: every ablation
-  merged into the baseline and built into a ModelConfig, the architecture fits the source's task,
-  a language model's context fits its max_len.
-- The write is atomic (a crash leaves the old params.yaml), and the sections that changed are
-  printed so the user sees which stages `dvc repro` will rerun.
+params.yaml stays the one file DVC reads: a preset is copied over it whole, comments included
+(docs/datasets-and-presets.md#presets-the-seed-studies-rerunnable). It is first validated with the
+pipeline's schema plus what would otherwise fail only mid-run (`validate`); the write is atomic,
+and the changed sections are printed so the user sees which stages `dvc repro` will rerun.
 """
 from __future__ import annotations
 
@@ -79,8 +73,7 @@ def validate(path: Path) -> Params:
     except ValueError as exc:
         raise ParamsError(f"{path}: {exc}") from exc
     tok = params.train_bpe
-    # The real vocabulary is known only after train_bpe; any size that holds the special ids will
-    # do for checking the model settings.
+    # The vocabulary is known only after train_bpe; any size holding the special ids will do here.
     ids = {"vocab_size": max(tok.vocab_size, tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) + 1,
            "pad_id": tok.pad_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id}
     for variant, scale in [(v, s) for s in (None, *params.scales) for v in params.ablations]:

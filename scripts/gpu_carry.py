@@ -1,13 +1,11 @@
 """Fetch, on a machine with a package index, what `bash run.sh gpu` needs on an offline GPU machine.
 
 Run: python scripts/gpu_carry.py [--python-version 3.12] [--have scripts/device_image.txt]
-Writes two git-ignored folders to carry along (the device tool's `carry: [".whl", ".gpu-cache"]`):
-  .whl/        wheels, pinned by constraints.txt, for every package that our direct requirements
-               need and the GPU machine's image lacks (--have lists what it has), built for its
-               Python on x86-64 Linux; pure-Python packages published only as sources are built here;
-  .gpu-cache/  the Tiny Shakespeare text, copied from this machine's download cache, laid out as
-               the cache is (ABLATION_LAB_CACHE points there on the GPU machine).
-The closure is read from this venv's installed metadata, so run it with the project's .venv.
+Writes two git-ignored folders to carry along: .whl/, the pinned wheels of every package our
+requirements need and the GPU machine's image lacks (--have), for its Python on x86-64 Linux; and
+.gpu-cache/, the Tiny Shakespeare text laid out as the download cache is
+(docs/gpu.md#set-up-on-an-offline-gpu-machine). The closure is read from this venv's installed
+metadata, so run it with the project's .venv.
 """
 from __future__ import annotations
 

@@ -5,11 +5,9 @@
     python -m scripts.grid_stages --index 3  # task 3's stages, for `dvc repro`
     python -m scripts.grid_stages --part 2/10  # machine 2 of 10: tasks 1, 11, 21, ... on one line
 
-A task is one train stage (`train@<variant>-<seed>`, and the sweep stages `train_lr@...`,
-`train_scale@...`) with the evaluate stage of the same run: evaluation needs the run's model and
-the same accelerator. The stages come from DVC itself (`dvc stage list`), in dvc.yaml's order, so
-the mapping is DVC's matrix expansion of the current dvc.yaml and params.yaml, not a copy of it;
-every array task computes it from the same commit and gets the same list.
+A task is one train stage (sweeps included) with the evaluate stage of the same run, which needs
+its model and the same accelerator. The stages come from `dvc stage list`, so the mapping is DVC's
+own matrix expansion, and every array task gets the same list from the same commit.
 """
 from __future__ import annotations
 
@@ -41,7 +39,7 @@ def part(text: str) -> tuple[int, int]:
 
 
 def dvc_stage_names() -> list[str]:
-    # This interpreter's DVC (the project's environment), whatever PATH the job started with.
+    # This interpreter's DVC, whatever PATH the job started with.
     out = subprocess.run([sys.executable, "-m", "dvc", "stage", "list", "--name-only"], capture_output=True,
                          text=True)
     if out.returncode != 0:

@@ -4,10 +4,9 @@ file sets, its default, its values and what it does, read from model/config.py.
     python -m scripts.model_switches          # rewrite the block in its page
     python -m scripts.model_switches --check  # exit 1 if the block is stale
 
-model/config.py is the one place a switch is written down: its field, its default, its comment
-and (for a field with named values) its entry in `_CHOICES`. The file is read as text (ast), not
-imported, so `--root` can point at another checkout. A new field shows up here by rerunning this;
-`tests/test_one_place.py` fails until someone does.
+model/config.py is the one place a switch is written down; it is read as text (ast), not imported,
+so `--root` can point at another checkout. How a field's comment becomes its row:
+docs/adding-a-switch.md#qk_norm-in-two-files.
 """
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ def choices(tree: ast.Module) -> dict[str, tuple[str, ...]]:
 
 
 def fields(source: str) -> list[dict[str, str]]:
-    """ModelConfig's fields in order: name, annotation, default (source text) and comment (the
-    comment lines just above the field, then the one at its end)."""
+    """ModelConfig's fields in order: name, annotation, default and comment (source text)."""
     tree = ast.parse(source)
     lines = source.splitlines()
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelConfig")
@@ -73,8 +71,7 @@ def listed_choices(comment: str) -> tuple[str, ...] | None:
 
 
 def without_choices(comment: str) -> str:
-    """The comment less its opening `a | b | c` (the table shows the values in their own column);
-    a value's note in brackets stays, as `value: note`."""
+    """The comment less its opening `a | b | c`; a value's note in brackets stays, `value: note`."""
     found = LISTING.match(comment)
     if found is None:
         return comment

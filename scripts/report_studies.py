@@ -3,16 +3,10 @@
     python -m scripts.report_studies          # rewrite the block in its page
     python -m scripts.report_studies --check  # exit 1 if the block is stale
 
-Every number comes from a file the pipeline wrote: details.json (the report stage's summary; a
-study committed before it existed has the same keys in its metrics.json),
-params.yaml (the params that made it: the reference point, seeds, variants) and run.json (the
-study's wall time, written by `bash run.sh study PRESET`). Each ablation's cell is the report's own
-verdict: Δ of the primary metric with its 95% interval, the uncorrected paired t-test and the
-verdict (pipeline.reporting.verdict; under seeds until decided, decisions.json's sequential
-verdict, as the report's), so the table and the report cannot disagree; report.md's
-degenerate-output flags (⚠) come along. The page keeps only the block between the markers; a test
-regenerates it and fails when a committed report changed and the page did not, or when a cell
-disagrees with its report's verdict.
+Every number comes from a file the pipeline wrote: details.json (older studies: the same keys in
+metrics.json), params.yaml and run.json. Each ablation's cell is the report's own verdict (under
+seeds until decided, decisions.json's), so the table and the report cannot disagree; a test
+regenerates the block and fails when it is stale or a cell disagrees with its report.
 """
 from __future__ import annotations
 
@@ -57,8 +51,7 @@ def degenerate(folder: Path) -> set[str]:
 
 def verdict_cell(name: str, s: dict, flagged: set[str]) -> str:
     """`no_positional +0.161 (95% CI [0.145, 0.178], p <0.001, worse)`: the report's verdict line on
-    the primary metric. A study from before details.json kept the Δ's interval has its sd and n: the
-    same t-interval."""
+    the primary metric. Older studies keep the Δ's sd and n, whence the same t-interval."""
     half = s.get("delta_ci95")
     if half is None and s.get("sd_delta") is not None and (s.get("n") or 0) >= 2:
         half = float(sps.t.ppf(1 - ALPHA / 2, s["n"] - 1)) * s["sd_delta"] / math.sqrt(s["n"])
@@ -70,9 +63,8 @@ def verdict_cell(name: str, s: dict, flagged: set[str]) -> str:
 
 
 def sequential_cells(record, flagged: set[str]) -> list[str]:
-    """Seeds until decided (decisions.json): each comparison as the report's sequential verdict says
-    it, `single_head +0.0246 (99.75% sequential interval [-0.103, 0.153], 20 paired seeds, looks at
-    3, 5, 8, 12, 20, undecided at the budget)`; the fixed-n test is not valid after adaptive stopping."""
+    """Seeds until decided: each comparison as the report's sequential verdict says it (the fixed-n
+    test is not valid after adaptive stopping)."""
     from pipeline.reporting.decisions import WORDS, interval_text
 
     plan, base = record.plan, record.baseline.name
@@ -120,7 +112,7 @@ def study_row(folder: Path, root: Path) -> str:
     wall = "—"
     if run_file.exists():
         run = json.loads(run_file.read_text())
-        jobs, warm = run.get("jobs", 1), run.get("warm", False)  # older run.json: cold, the launcher's warm starts came later
+        jobs, warm = run.get("jobs", 1), run.get("warm", False)  # no "warm": it ran cold
         launcher = "`bash run.sh decide`" if run.get("rounds") else "`pipeline.grid`"
         how = ("`dvc repro`" if jobs == 1 and not warm else
                f"{launcher} {'serial' if jobs == 1 else f'-j {jobs}'}, {'warm' if warm else 'cold'}"

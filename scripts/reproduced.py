@@ -4,13 +4,10 @@
     python -m scripts.reproduced --against REV   # against another commit (a tag, a branch)
 
 Compares reports/fingerprint.json (each model.pt's sha256) and reports/metrics.json with the same
-files at REV. Identical: every model the same bits, every number the same (exit 0). Otherwise it
-lists the models that differ and, for each ablation, how far its Δ moved in units of the committed
-95% interval's half-width, and whether the verdict's sign and significance still hold (exit 1).
-When models differ it says why they may: the study's runs were not pinned (the report's training
-cost section says; pipeline/cpu_numerics.py), the two studies' kernels ran otherwise, or, both pinned
-alike, other params, code or packages, or a CPU that breaks the promise. Exit 2: a file
-is missing or unreadable. Standard library only (no torch).
+files at REV. Identical: exit 0. Otherwise (exit 1) it lists the models that differ, says why they
+may (docs/training-engine.md#the-same-bits-on-every-cpu), and gives how far each ablation's Δ moved
+in units of the committed interval's half-width and whether its verdict holds. Exit 2: a file is
+missing or unreadable. Standard library only (no torch).
 """
 from __future__ import annotations
 

@@ -2,12 +2,10 @@
 
     python -m pipeline.grid.decide [--times FILE] [--restart] [grid options, e.g. -j 2]
 
-Each round runs the grid launcher (repro.py, in this process) on params.yaml; its report stage
-writes the record (reports/decisions.json, pipeline.deciding.record). Until the record is done, the
-runs it asks for go into params.yaml's decide.runs (with_runs) and another round starts; the plan
-is checked against the last record's fingerprint first (changed_plan). A kill anywhere is safe:
-rerun, and the grid picks up what is missing. The whole story: docs/seeds-until-decided.md.
---times FILE: the rounds' stage times, summed (scripts/study.sh writes a study's run.json from it).
+The rounds, the record and the rule: docs/seeds-until-decided.md. Each round runs the grid
+launcher (repro.py, in this process); until the record is done, the runs it asks for go into
+params.yaml's decide.runs (with_runs). A kill anywhere is safe: rerun, and the grid picks up what
+is missing. --times FILE: the rounds' stage times, summed (scripts/study.sh writes run.json from it).
 """
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ RUNS_LINE = "  runs:{}  # written by `bash run.sh decide` (pipeline/grid/decide.
 
 
 def with_runs(text: str, runs: Iterable[tuple[str, int]]) -> str:
-    """params.yaml's text with decide.runs holding `runs` (variant, seed), sorted by seed, then name;
-    every other line of the file, its comments included, as it was. decide must be a block mapping
-    at the top level."""
+    """params.yaml's text with decide.runs holding `runs` (variant, seed), every other line, comments
+    included, as it was. decide must be a block mapping at the top level."""
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if re.match(r"decide:\s*(#.*)?$", line)), None)
     if start is None:
@@ -58,8 +55,7 @@ def with_runs(text: str, runs: Iterable[tuple[str, int]]) -> str:
 
 
 def add_runs(params_path: Path, runs: Iterable[tuple[str, int]]) -> None:
-    """Add `runs` (variant, seed) to params.yaml's decide.runs, checked by the params schema before
-    it is written."""
+    """Add `runs` (variant, seed) to params.yaml's decide.runs, schema-checked before it is written."""
     text = params_path.read_text(encoding="utf-8")
     current = {(r.variant, r.seed) for r in load_params(params_path).decide.runs.values()}
     new = with_runs(text, current | set(runs))
@@ -94,10 +90,9 @@ def fingerprint(params) -> str:
 
 
 def changed_plan(params, was: str | None) -> str | None:
-    """Why the study cannot go on under params.yaml's plan, or None. A study is under way once
-    decide.runs holds runs this loop added; its last record's fingerprint `was` names the plan its
-    looks were taken under. Another plan (looks, α, margin, method, boundary, seeds, variants,
-    baseline, metric) would re-decide every look already taken, as if it had been the plan from the start."""
+    """Why the study cannot go on under params.yaml's plan, or None. Once decide.runs holds runs,
+    the last record's fingerprint `was` names the plan its looks were taken under; another plan
+    would re-decide every look already taken, as if it had been the plan from the start."""
     if not params.decide.runs or was is None or was == fingerprint(params):
         return None
     return (f"decide: the plan in params.yaml is not the one this study's rounds ran under ({RECORD} fingerprint "

@@ -1,12 +1,10 @@
 """The grid's ETA: the tasks left, laid out on the job slots the way the launcher starts them.
 
-Each task is timed by the tasks of its kind already finished (a run's train + evaluate, a
-knock-out, the report: the stage names without their @item), because kinds differ tenfold: the
-mean of every finished task would have the report, last, take as long as a training run, and the
-estimate grew as the last stages finished. A kind not timed yet takes the shortest timed kind's
-mean (the stages that come last, knock-outs and the report, are the short ones). A running task
-needs what its kind's mean leaves after its elapsed time (none once past it); a pending one starts
-on the first free slot once the stages it needs are done, as `Launcher.run` starts them.
+Each task is timed by the finished tasks of its kind (its stage names without their @item), as
+kinds differ tenfold (a run's train + evaluate against the report); a kind not timed yet takes the
+shortest timed kind's mean, since those that come last (knock-outs, the report) are the short ones.
+A running task needs what its kind's mean leaves after its elapsed time; a pending one starts on
+the first free slot once the stages it needs are done, as `Launcher.run` starts them.
 """
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
 """Run tasks (dag.Task) as `dvc repro --single-item` processes, up to `jobs` at once, each as soon as
 the stages it needs are done.
 
-DVC runs every stage, so dvc.lock, the cache and the run-cache end as a serial `dvc repro` leaves
-them. DVC holds its repository lock while it checks and records a stage and lets go while the
-stage's command runs; each process is started with `--wait-for-lock`, so it waits for the lock
-instead of failing. A process that still fails on a lock (DVC's rwlock file has its own lock,
-tried for 3 s; issues 9805, 10465) is started again after a short random wait, up to
-MAX_ATTEMPTS times: a stage whose outputs were not recorded is simply rerun by DVC. Any other
-failure is the stage's own: the stages after it are skipped, the independent ones go on.
+DVC lets go of its repository lock while a stage's command runs, so each process waits for it
+(`--wait-for-lock`); one that still fails on a lock (DVC's rwlock file has its own 3 s lock; DVC
+issues 9805, 10465) is started again after a short random wait, up to MAX_ATTEMPTS times, and DVC
+reruns what it did not record. Any other failure is the stage's own: the stages after it are
+skipped, the independent ones go on.
 """
 from __future__ import annotations
 
@@ -113,7 +111,6 @@ class Launcher:
             with open(log, "w" if task.attempts == 1 else "a", encoding="utf-8") as f:
                 f.write(f"$ {' '.join(command)}  # attempt {task.attempts}\n")
         # A session of its own: a Ctrl-C here reaches the launcher, which ends the stages (stop).
-        # `direct`: its output straight to this terminal (a plain serial run), not to a log.
         out = {} if direct else {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "bufsize": 1}
         with signals.held():  # started, named to the lifeline and listed for stop() at once
             proc = subprocess.Popen(command, env=env, start_new_session=True, **out)

@@ -2,20 +2,13 @@
 
     python -m pipeline.grid.lifeline     # the guard (what Lifeline starts); reads its stdin
 
-The launcher's own handlers end the study on Ctrl-C, SIGTERM and SIGHUP (a closed terminal or
-laptop lid), but nothing runs in a process killed by SIGKILL or the OOM killer, and the DVC
-processes it starts are sessions of their own (so that a Ctrl-C reaches the launcher, which ends
-them in order). So the launcher first starts a guard, a small standard-library process in a
-session of its own, whose stdin is a pipe only the launcher can write to. Through it the launcher
-names each process group it starts (each DVC process, the warm server) and each folder (the warm
-server's, in the temp dir). The pipe ends when the launcher does, whatever killed it; the guard
-then ends the groups still named (SIGTERM, SIGCONT for a stopped one, SIGKILL after GRACE_S) and
-removes the folders. It also holds the workspace lock (lock.py) until then, so that a new launcher
-cannot start among the old one's processes.
-
-`tie()` gives a process another way to notice: the read end of a pipe of its own whose write end
-the launcher holds (the warm server polls it; it also asks the kernel for a signal when its
-parent goes, pipeline.warm.server.die_with_parent).
+Nothing runs in a launcher killed by SIGKILL or the OOM killer, and its DVC processes are
+sessions of their own, so the launcher first starts a guard: a standard-library process in a
+session of its own, whose stdin is a pipe only the launcher writes to, naming each process group
+and folder it starts. When the pipe ends, however the launcher died, the guard ends the groups
+still named (SIGTERM, SIGCONT, SIGKILL after GRACE_S) and removes the folders. It holds the
+workspace lock (lock.py) until then, so that a new launcher cannot start among the old one's
+processes. `tie()` gives a child (the warm server) a pipe of its own that ends with the launcher.
 """
 from __future__ import annotations
 
@@ -96,8 +89,7 @@ class Lifeline:
         self._say(f"workspace {path}")
 
     def tie(self) -> int:
-        """The read end of a new pipe for a child to poll (pass it in pass_fds, then close it
-        here): it reads end-of-file once the launcher is gone."""
+        """A new pipe's read end for a child (pass_fds, then close it here): EOF once we are gone."""
         read, write = os.pipe()
         self._ties.append(write)
         return read

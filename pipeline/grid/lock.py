@@ -1,9 +1,9 @@
 """One launcher per workspace: .dvc/tmp/grid/lock, held (flock) for the launcher's life.
 
-A second launcher in the same workspace would clear .dvc/tmp/grid under the first and run the
-same stages beside it; it stops at once instead, with one line naming the first's pid. The kernel
-lets go of the lock however the holder ends (SIGKILL included), so a stale file never blocks; the
-lifeline's guard holds it too, until it has ended what a killed launcher left.
+A second launcher would clear .dvc/tmp/grid under the first and run the same stages beside it, so
+it stops at once, naming the first's pid. The kernel lets go of a flock however the holder ends,
+so a stale file never blocks; the lifeline's guard holds it until it has ended what a killed
+launcher left.
 """
 from __future__ import annotations
 
@@ -45,11 +45,10 @@ def clear(folder: Path) -> None:
 
 
 def repair_dvc_rwlock(dvc_tmp: Path = Path(".dvc/tmp")) -> bool:
-    """DVC rewrites .dvc/tmp/rwlock in place (truncate, then write the JSON): a DVC process killed
-    in between leaves it empty or cut short, and every later dvc command fails ("Unable to read
-    RWLock-file ... JSON structure is corrupted") until someone deletes it. Under DVC's own guard
-    for that file, one that is not JSON is removed (DVC reads a missing one as no locks held).
-    True if it was."""
+    """DVC rewrites .dvc/tmp/rwlock in place: a DVC process killed mid-write leaves it cut short,
+    and every later dvc command fails ("Unable to read RWLock-file") until it is deleted. Under
+    DVC's own guard for it, one that is not JSON is removed (DVC reads a missing one as no locks
+    held). True if it was."""
     import json
 
     path = dvc_tmp / "rwlock"

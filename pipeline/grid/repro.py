@@ -3,34 +3,17 @@
 
     python -m pipeline.grid                  # -j auto: every core, or GPUs x runs per GPU (at most the cores)
     python -m pipeline.grid -j 4 [TARGET..]  # at most 4 stages at once; targets as `dvc repro` takes them
-    python -m pipeline.grid -j 1 [ARGS..]    # a serial `dvc repro ARGS` (warm starts, 3. below)
+    python -m pipeline.grid -j 1 [ARGS..]    # a serial `dvc repro ARGS` (warm starts)
     python -m pipeline.grid --times t.json   # also write each stage's start and end (seconds) as JSON
     python -m pipeline.grid --cold           # each stage a new Python process (no warm server)
     python -m pipeline.grid --warm           # warm starts (the default, on a GPU machine too)
 
-1. The shared stages (check_params ... encode, upstream of every matrix stage) run as one plain
-   `dvc repro`, when `dvc status` says one of them is out of date.
-2. DVC's stage graph and `dvc status` give the stages to run: those out of date and everything
-   downstream of them (the shared stages asked first: when one is stale, only the stages outside
-   its reach are asked about, dag.stale_stages). Each run's stages go to one
-   `dvc --wait-for-lock repro --single-item
-   train@x evaluate@x` process; up to -j of them run at once, each started as soon as the stages
-   it reads are done, the report last. Each process's output goes to .dvc/tmp/grid/<stage>.log;
-   one line per start and finish here. Stages share the cores: each gets
-   $ABLATION_LAB_THREADS = cores / stages running (train.threads 0 honours it; not a param, so
-   dvc.lock is the same whatever -j was).
-3. Warm starts (pipeline/warm/; warm.py here): a server holds the imports for the study and each
-   stage runs in a fork of it; what it served is in .dvc/tmp/grid/warm.log. --cold: each stage a
-   new process, as `ABLATION_LAB_WARM=0 dvc repro` (a plain `dvc repro` serves its stages warm after
-   its first, pipeline/warm/auto.py; the launcher's DVC processes are told not to).
-4. Nothing outlives the launcher (signals.py, lifeline.py): Ctrl-C, SIGTERM and SIGHUP end the
-   running stages, the server and its folder before the launcher ends by the same signal; a
-   guard process does the same if the launcher is killed outright. One launcher per workspace
-   (lock.py): a second stops at once, naming the first's pid.
-
-A thin layer, not a scheduler: DVC decides whether a stage runs and records it, so dvc.lock, the
-cache and the run-cache end as a serial `dvc repro` leaves them; DVC's own `--wait-for-lock` plus a
-retry of a process that still lost a lock (launch.py) is all it needs.
+What it does and how a study stops: docs/scaling-out-and-cost-plan.md#running-the-grid-in-parallel.
+A thin layer, not a scheduler: DVC decides whether a stage runs and records it, so dvc.lock and the
+caches end as a serial `dvc repro` leaves them. The stages: dag.py; the processes: launch.py; warm
+starts: warm.py; nothing outlives the launcher: signals.py, lifeline.py; one per workspace: lock.py.
+Each stage gets $ABLATION_LAB_THREADS = cores / stages running, not a param, so dvc.lock is the
+same whatever -j was.
 """
 from __future__ import annotations
 
@@ -115,9 +98,8 @@ def summary(launcher: Launcher, jobs: int, took: float) -> list[str]:
 
 
 def repro(argv: list[str] | None, timed: bool = False) -> tuple[int, dict | None]:
-    """One run of the launcher (`python -m pipeline.grid ARGS`): its exit status and, asked for by
-    --times or `timed`, its times record. A stop signal ends this process by that signal once what
-    it started has ended; a wrong option is a one-line SystemExit."""
+    """One run of the launcher: its exit status and (--times or `timed`) its times record. A stop
+    signal ends this process by that signal once what it started has ended."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-j", "--jobs", default="auto", help="stages at once: a number or auto (default)")
     parser.add_argument("--times", type=Path, help="write each stage's start/end and per-family seconds here")

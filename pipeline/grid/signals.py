@@ -1,12 +1,9 @@
 """The launcher's signals, installed before it does anything else.
 
-Ctrl-C (SIGINT), SIGTERM and SIGHUP (a closed terminal, a laptop lid closing a remote session)
-all stop a study the same way: `Stopped` is raised where the launcher is, so that its `finally`
-blocks end the running DVC processes (the same signal to each one's group, SIGHUP as SIGTERM),
-the warm server, and the lifeline's guard, in that order; then the launcher ends by the signal
-itself, as the shell expects. A second signal during that clean-up is ignored: it is bounded
-(launch.Launcher.stop). Ctrl-Z (SIGTSTP) is passed on: every group running is stopped with the
-launcher, and continued with it (`fg`).
+Ctrl-C, SIGTERM and SIGHUP raise `Stopped` where the launcher is, so that its `finally` blocks end
+the running DVC processes, the warm server and the lifeline's guard, in that order; then the
+launcher ends by the signal itself, as the shell expects. A second signal during that bounded
+clean-up is ignored. Ctrl-Z stops every running group with the launcher, and `fg` continues them.
 """
 from __future__ import annotations
 
@@ -63,8 +60,7 @@ def _pause(signum, _frame) -> None:
     time.sleep(0.2)
     for forward in _forward:
         forward(signal.SIGSTOP)
-    # Stopped here until continued. SIGSTOP, not SIGTSTP: the kernel drops a stopping SIGTSTP in
-    # an orphaned process group too (a launcher started from a script, nohup or CI).
+    # SIGSTOP, not SIGTSTP: this group may be orphaned too (started by a script, nohup, CI).
     os.kill(os.getpid(), signal.SIGSTOP)
     for forward in _forward:
         forward(signal.SIGCONT)

@@ -20,9 +20,8 @@ from pipeline.warm.shim import write_shims
 
 @contextlib.contextmanager
 def warm_starts(log=None, lifeline=None):
-    """For the block: a server started, and its `python` shims first on this process's PATH, so
-    that the commands it starts (DVC's, and DVC's stages') are served warm. `lifeline`
-    (lifeline.Lifeline): the server and its folder named to it, and tied to it."""
+    """For the block: a server, and its `python` shims first on this process's PATH, so that DVC's
+    stages are served warm; the server and its folder named and tied to `lifeline`."""
     folder = tempfile.mkdtemp(prefix="ablation-warm-")  # short: a socket's path is < 108 bytes
     path = os.path.join(folder, "socket")
     with held():  # a Ctrl-C now waits until the server is known to the lifeline (ended with the rest)

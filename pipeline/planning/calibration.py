@@ -2,18 +2,11 @@
 
     wall = steps x (sublayers x sublayer_s + activation bytes / bytes_per_s) + FLOPs / (peak x mfu)
 
-A small model on a CPU is bound by three costs, not one: the matmuls (FLOPs at some fraction of
-the peak), the memory-bound work around them (norms, softmax over the attention scores, the
-elementwise ops: bytes, proportional to what one step keeps for backward), and a fixed cost per
-sublayer per step (Python, dispatch, the optimizer's per-tensor loops). A per-step constant and
-one MFU, the model before this one, put the default study 40% under its measured wall and
-TinyStories 50% over.
-
-The measured walls come from the committed report.md files (reports/ and reports/studies/*/):
-their training-cost and per-run tables are what the report stage wrote from each run's train.json,
-the only record of the runs that git keeps. A run is described by the params.yaml beside its
-report (or, for the workspace's reports/report.md, the one above it), checked against the report's
-own parameter counts so that an edited params.yaml is never paired with an older report.
+The three terms (matmuls, memory-bound work, a fixed cost per sublayer) are explained in
+docs/scaling-out-and-cost-plan.md#know-the-cost-first. The walls come from the committed report.md
+files' tables, the only record of the runs git keeps; each report is read with the params.yaml
+beside it (or one folder up), checked against the report's parameter counts so that an edited
+params.yaml is never paired with an older report.
 """
 from __future__ import annotations
 
@@ -37,8 +30,7 @@ class Calibration:
     bytes_per_s: float  # activation bytes (of one step's saved tensors) handled per second; inf: no such term
     runs: int  # measured variants (one wall each) the fit used
     source: str
-    # The matmul peak the fitted runs divided by. A machine measured slower or faster than that
-    # (these shared machines move between days: 1.61e11 against 1.89e11 FLOP/s on one day) is
+    # The matmul peak the fitted runs divided by: a machine measured slower or faster than that is
     # taken to be so in every term, not only the FLOPs'. None: the per-step terms as fitted.
     peak: float | None = None
 
@@ -55,9 +47,8 @@ class Calibration:
         return f"steps x ({self.sublayer_s * 1e3:.3g} ms per sublayer{traffic}) + FLOPs / (peak x MFU {self.mfu:.3g})"
 
 
-# Seeds of one variant do the same work, so their walls should agree. Where other jobs shared the
-# cores during a run they do not (an earlier default report had one configuration at 5.6 s and at
-# 68 s): a variant's wall is the median of its seeds' when another seed agrees with it within this
+# Seeds of one variant do the same work, so their walls agree unless other jobs shared the cores:
+# a variant's wall is the median of its seeds' when another seed agrees with it within this
 # fraction, and the variant is left out when none does (it measured the load).
 SEED_AGREEMENT = 0.10
 
@@ -95,9 +86,8 @@ def number(cell: str) -> float:
 
 
 def measured_runs(report: Path) -> list[dict]:
-    """The variants of one committed report as its training-cost table gives them: steps, tokens,
-    tokens/s, MFU, FLOPs per token and mean batch where the table has the columns, and the wall
-    (`seed_wall` of the per-run table where there is one, else the mean over seeds)."""
+    """One committed report's training-cost rows, each with its wall (`seed_wall` over the per-run
+    table where there is one, else the cost table's mean over seeds)."""
     text = report.read_text(encoding="utf-8")
     walls: dict[str, list[float]] = {}
     for r in markdown_table(text, "Per-run values"):
@@ -111,8 +101,7 @@ def measured_runs(report: Path) -> list[dict]:
         if CONTENDED in r.get("wall time (s)", "") + r.get("tokens/s", "") and (
                 r.get("others' CPU (max)", "—") != "—" or r["variant"] not in walls):
             continue  # the report measured other processes' CPU use during the run and marks it contended
-        # Marked by the load average alone (runs recorded before the direct measure), which also
-        # counts the run's own threads (a quiet 2-thread run on 2 cores read 2.5-3): the seeds'
+        # Marked by the load average alone, which counts the run's own threads too: the seeds'
         # agreement decides, as for unmarked runs.
         wall = seed_wall(walls[r["variant"]]) if r["variant"] in walls else number(r["wall time (s)"])
         if wall is None:
@@ -135,10 +124,9 @@ def pinned_report(report: Path) -> bool:
 
 
 def reference_peak(reports: list[Path]) -> float:
-    """The CPU peak the committed runs divided by: FLOPs/token x tokens/s / MFU of the rows whose
-    table states FLOPs per token (the median: one number per machine, cached by the train stage).
-    Runs on torch's own products where there are some: a pinned run's peak is the pinned kernel's
-    (day_speed reads it as a slower machine, which for the time model it is)."""
+    """The CPU peak the committed runs divided by: the median FLOPs/token x tokens/s / MFU of the
+    rows stating FLOPs per token, from runs on torch's own products where there are some (a pinned
+    run's peak is the pinned kernel's, which day_speed reads as a slower machine)."""
     native = [r for r in reports if not pinned_report(r)]
     peaks = [r["flops_per_token"] * r["tokens_per_s"] / r["mfu"] for report in (native or reports)
              for r in measured_runs(report) if r["flops_per_token"]]
@@ -206,22 +194,17 @@ def mean_batch(cell: str | None) -> tuple[float, float, float] | None:
     return (nums[0], nums[1], nums[2]) if len(nums) == 3 else (nums[0], 0.0, nums[1]) if len(nums) == 2 else None
 
 
-# A report's own peak (its runs' FLOPs x tokens/s / MFU) this far or further from the reference is
-# not a machine speed: its runs counted FLOPs another way (the formula changed since), so its walls
-# are taken as they are. The days measured here moved by -15% and +12% (1.61e11 and 2.12e11 FLOP/s
-# against 1.89e11); multi30k_comparisons_cpu's 3.92e11, counted another way, reads 1.85x against
-# 2.12e11, so a band as wide as 2x let it pass as a fast day. A pinned report's peak is the pinned
-# kernel's (pipeline/cpu_numerics.py: one OpenBLAS thread at AVX2), 0.35-0.39x on the Intel Xeon
-# here, before the day's own move: its band reaches half as low again.
+# A report's own peak this far from the reference is not a machine speed but FLOPs counted another
+# way: its walls are taken as they are. Days here moved -15% to +12%; a report counted another way
+# reads 1.85x, so the top stays below that. A pinned report's peak is the pinned kernel's, 0.35-0.39x
+# of torch's before the day's own move (pipeline/cpu_numerics.py): its band reaches half as low again.
 PLAUSIBLE_SPEED = (1 / 3, 1.5)
 PINNED_LOWEST = 1 / 6
 
 
 def day_speed(report: Path, reference: float) -> float:
-    """How fast the machine was when `report`'s runs trained, relative to `reference` (the peak the
-    fit divides by): its runs' own peak over the reference, 1 where the report gives none or an
-    implausible one. These shared machines move between days (1.61e11 against 1.89e11 FLOP/s, and
-    walls a third longer, for the default study on 2026-11-27)."""
+    """How fast the machine was when `report`'s runs trained: their own peak over `reference` (the
+    fit's), 1 where the report gives none or an implausible one."""
     try:
         ratio = reference_peak([report]) / reference
     except PlanError:
@@ -231,13 +214,9 @@ def day_speed(report: Path, reference: float) -> float:
 
 
 def study_points(report: Path, reference: float | None = None) -> list[Point]:
-    """The usable variants of one committed report; with `reference` (a peak), its walls as they
-    would have been on a machine of that peak (day_speed).
-
-    A variant needs its params (checked against the report's parameter counts), its mean batch
-    (the cost table's column; a language model's is train.batch_size x train.context) and its
-    FLOPs (the cost table's FLOPs per target token, or for a language model the train stage's
-    formula, which needs no data). Seq2seq rows of reports older than those columns are skipped."""
+    """The usable variants of one committed report, its walls scaled to a machine of peak
+    `reference` (day_speed). A variant needs matching params, its mean batch and its FLOPs per
+    token (for a language model, batch_size x context and the train stage's formula stand in)."""
     params = report_params(report)
     if params is None:
         return []

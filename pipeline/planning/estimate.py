@@ -1,11 +1,9 @@
 """What one params.yaml costs: per variant (and scale point) the parameters, FLOPs per target token,
 tokens, steps and runs, the wall time under a given time model, and each run's peak memory.
 
-- Every model is built by the train stage's own code (`resolve_variant`, `model_config`,
-  `build_model`) on the meta device: parameter counts are the real ones, and no weight is allocated.
-- FLOPs are the train stage's formula (`pipeline.train.flops_per_target_token`).
-- Activation memory is not a formula: one forward pass on the meta device at the configured batch
-  shape, with autograd's saved-tensor hook summing every tensor kept for the backward pass.
+Models are built by the train stage's own code on the meta device (real parameter counts, nothing
+allocated); FLOPs are the train stage's formula; activation memory is traced, not a formula
+(activation_bytes). docs/scaling-out-and-cost-plan.md#know-the-cost-first describes the plan.
 """
 from __future__ import annotations
 
@@ -95,10 +93,8 @@ def meta_model(resolved: dict, ids: dict, where: str):
 
 def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bool) -> int:
     """Bytes autograd keeps for the backward pass of one batch (a forward pass on the meta device).
-
-    Views count once (by their base tensor); parameters are counted as weights, not here. bf16
-    autocast halves the floating-point activations (an approximation: it keeps norms and softmax
-    statistics in fp32)."""
+    Views count once (by their base); parameters count as weights, not here. bf16 halves the
+    floating-point activations (an approximation: autocast keeps norms and softmax stats in fp32)."""
     seen: dict[int, torch.Tensor] = {}
     weights = {id(p) for p in model.parameters()}
 
@@ -130,10 +126,9 @@ def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bo
 
 
 def memory(model, cfg, shape: tuple[int, int, int], bf16: bool) -> dict:
-    """Peak bytes of one run: fp32 weights, their gradients, AdamW's moments, the activations of the
-    largest batch, `shape` = (rows, source length, target length), under bf16 autocast the weights'
-    bf16 copies, and backward's largest transient: the fp32 gradient of the logits (the loss runs
-    in fp32), alive while the saved activations still are."""
+    """Peak bytes of one run at the largest batch `shape` (rows, source, target length): weights,
+    gradients, AdamW's moments, activations, bf16 weight copies, and backward's largest transient,
+    the logits' fp32 gradient (the loss runs in fp32), alive while the saved activations are."""
     n = model.param_counts()["total"]
     rows, src_len, tgt_len = shape
     out = {"weights": 4 * n, "gradients": 4 * n, "adamw": ADAM_BYTES * n,
@@ -212,14 +207,10 @@ def task_of(params: Params) -> str:
 
 def plan(params: Params, manifest: dict | None, device: str, peak: float, time, capacity: int,
          shards: Path | None = None) -> tuple[list[Row], str]:
-    """One Row per variant and scale point, and where the sequence lengths come from.
-
-    `time` is the time model (planning.calibration.Calibration; its `mfu` the one to use). CPU: its
-    `cpu_seconds`. GPU: the device computes while the host prepares the next step's launches, so a
-    step takes the longer of its FLOPs at peak x MFU and the host's fixed work per sublayer (the
-    memory-bound term is the CPU's: on a GPU it is part of what the MFU leaves out). With the
-    encoded data (`manifest` and its `shards`), a seq2seq run's steps, tokens and batches are the
-    train stage's own plan."""
+    """One Row per variant and scale point, and where the sequence lengths come from. `time`: a
+    calibration.Calibration. GPU: the device computes while the host prepares the next step, so a
+    step takes the longer of its FLOPs at peak x MFU and the host's work per sublayer (the
+    memory-bound term is inside the MFU there)."""
     lm = task_of(params) == "language_modeling"
     ids = tokenizer_ids(params, manifest)
     bf16 = device != "cpu"  # the train stage autocasts to bf16 on CUDA only

@@ -3,37 +3,15 @@ seconds, scheduled on `jobs` slots as the grid launcher runs them.
 
     stage seconds = its family's fixed cost + its work
 
-- train, train_lr, train_scale: the training loop the time model predicts (estimate.plan's
-  Row.seconds_per_run) + a fixed cost per train stage (process start, imports, reading the data,
-  saving the model, DVC's hashing and dvc.lock): the committed studies' train seconds (run.json
-  `stage_s`, which benchmarks/stage_times.py measures from `dvc repro`'s output) less their runs'
-  measured loops (report.md's per-run walls, from train.json), per train stage.
-- every other family (check_params, download, filter, train_bpe, encode, evaluate, knockout,
-  report): its measured seconds per stage in the committed studies (stage_s over the number of
-  the family's stages; evaluate_lr and evaluate_scale are evaluate stages). Evaluation is short
-  next to training and its work depends on what the model generates, so the measured figure
-  holds its work and fixed cost together. A family no other study ran (knockout) takes evaluate's
-  figure: both load a trained run and score held-out data.
-- Each figure is the median over the committed studies that measured it: one study run while the
-  machine was busy moves it little.
-- Warm or cold: the grid launcher serves each stage from a warm server (pipeline/warm/),
-  which takes a stage's imports and interpreter exit off its cost; so does a plain `dvc repro`
-  after its first stage (pipeline/warm/auto.py); ABLATION_LAB_WARM=0 and --cold do not.
-  The figures come from the committed studies run the same way (run.json `warm`); a family that
-  no such study timed takes the cold figure, an upper bound.
-- Concurrency: list scheduling on `jobs` slots, dependencies as in dvc.yaml (the data stages in a
-  chain, then every train; each evaluate after its train; knockout@s after train@<baseline>-s;
-  the report after all). A stage that finishes a run (evaluate, knock-out) takes a free slot
-  before another train, as the launcher starts them as soon as their run is done. jobs = 1 is the
-  sum, what a serial `dvc repro` takes.
-- On a CPU the slots share the cores: a training loop of `threads` threads runs
-  max(1, jobs x threads / cores) times as long (the fixed costs, mostly one thread, do not); a
-  pinned one (its products on one thread) max(1, jobs / cores).
-- Seeds until decided (decide.runs): the rounds run one after another, each a grid run that ends
-  with the report, so the wall is the sum of the rounds' schedules. Round 1 is the
-  study at its first look; a run decide.runs added belongs to the round of its look (its seed's
-  place in the seed order); every later round reruns check_params (params.yaml changed) and the
-  report besides its runs (rounds_wall).
+The model: docs/scaling-out-and-cost-plan.md#know-the-cost-first ("What a study costs"). Each
+figure is the median over the committed studies run the same way (run.json `warm`; one busy day
+moves it little), a family no warm study timed taking the cold one. A train stage's fixed cost is
+its measured seconds (`stage_s`) less its run's measured loop; every other family's figure is its
+measured seconds per stage, work included (an evaluation's work depends on what the model
+generates), knockout taking evaluate's where no study timed one. On a CPU a loop runs max(1, jobs x
+threads / cores) times as long (pinned: max(1, jobs / cores)); the fixed costs, mostly one thread,
+do not. Seeds until decided: the rounds run one after another, a run decide.runs added in the round
+of its look, each later round rerunning check_params and the report (rounds).
 """
 from __future__ import annotations
 
@@ -158,9 +136,8 @@ def fit_costs(folders: list[Path], warm: bool = False) -> StageCosts:
 
 def loop_slowdown(jobs: int, threads: int, cores: int, pinned: bool = False) -> float:
     """How much longer a CPU training loop of `threads` threads (0: auto, every free core) takes
-    when `jobs` stages share `cores` cores (module docstring). A pinned loop's products run on one
-    thread whatever `threads` says (pipeline/cpu_numerics.py; benchmarks/cpu_numerics measured its
-    step no faster at 2 threads than at 1), so it holds one core."""
+    when `jobs` stages share `cores` cores. A pinned loop's products run on one thread whatever
+    `threads` says (pipeline/cpu_numerics.py; no faster at 2 threads), so it holds one core."""
     return max(1.0, jobs * (1 if pinned else threads or cores) / cores)
 
 
@@ -220,9 +197,8 @@ def decide_bounds(params: Params) -> tuple[Params, Params] | None:
 
 
 def rounds(stages: list[Stage], params: Params) -> list[list[Stage]]:
-    """The stages of each round of seeds until decided, in order (one round when decide.runs is
-    empty): round 1 every stage but the added runs'; a later round its added runs' stages, with
-    check_params and the report rerun (module docstring). Dependencies on an earlier round are met."""
+    """The stages of each round of seeds until decided, in order: round 1 every stage but the added
+    runs'; a later round its added runs', check_params and the report. Earlier rounds' deps are met."""
     from pipeline.deciding.rounds import seed_order
 
     runs = params.decide.runs

@@ -1,15 +1,9 @@
 """Warm starts under a plain `dvc repro` (and `dvc exp run`): no launcher, no shim on PATH.
 
 dvc.yaml's `python -m pipeline <stage> ARGS` calls `engage` before it imports the stage (a few ms,
-before torch). Under DVC (DVC_STAGE set) it finds the DVC process the stage runs under and a folder
-in the temp dir named after it: if the folder holds a server's socket, the stage is handed to it
-(shim.hand_over, with the launcher's checks); if not, the stage starts one (server.py --watch) and
-runs cold itself, and the stages after it are served once its imports are done. The server lives
-as long as that DVC process (a pidfd it waits on) or until IDLE_S without a stage, and removes its
-folder either way; its end ends its forks. `report`, the last stage, never starts one.
-
-ABLATION_LAB_WARM=0 turns it off; the grid launcher sets it for its own DVC processes (it runs its
-own server, or none with --cold). Standard library only.
+before torch): the stage is handed to its DVC process's server, or starts that server and runs
+cold (docs/scaling-out-and-cost-plan.md#warm-starts, "Under a plain dvc repro"). ABLATION_LAB_WARM=0
+turns it off; the grid launcher sets it for its own DVC processes. Standard library only.
 """
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ def wanted(env=os.environ) -> bool:
 
 
 def engage() -> None:
-    """Serve this stage from its DVC process's warm server, or start that server; return to run
-    the stage here (cold) whenever it is not served."""
+    """Serve this stage from its DVC process's server, or start that server; return to run it cold."""
     if not wanted():
         return
     command = stage_command(list(getattr(sys, "orig_argv", [])))

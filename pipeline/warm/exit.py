@@ -1,16 +1,11 @@
 """How a stage's process ends, run cold or served warm (server.py): what it wrote
 flushed and closed, then `os._exit`, without Python's teardown of the modules it imported.
 
-Python's exit spends ~1.2 s of a stage's fixed ~2.7 s destroying the thousands of modules torch,
-MLflow and the rest bring in (benchmarks/stage_overhead.py): work nobody needs, the kernel frees
-the memory anyway. So a stage does the part of the exit that matters itself and leaves with
-os._exit: its threads waited for, the atexit callbacks run (logging's flush, MLflow ending its
-run, multiprocessing's clean-up), garbage collected (closes files nobody references), files still
-open flushed, stdout and stderr flushed. run_main is the last line of every stage module; the warm
-server ends each stage it serves through it too, so both ways of running a stage end alike.
-
-Where a stage runs and how its process ends, not what it computes (as auto.py and shim.py):
-no stage's dvc.yaml deps list it (tests/test_layout.py). Only the standard library here.
+That teardown is ~1.2 s of a stage's fixed cost (benchmarks/stage_overhead.py); exit_now does the
+parts of the exit that matter instead (docs/scaling-out-and-cost-plan.md#warm-starts, "Fast exit").
+run_main is the last line of every stage module and ends every stage the warm server serves, so
+both end alike. How a stage ends, not what it computes: no stage's dvc.yaml deps list it
+(tests/test_layout.py). Only the standard library here.
 """
 from __future__ import annotations
 
@@ -50,9 +45,8 @@ def run_main(main: Callable[[], object]) -> NoReturn:
 
 
 def exit_now(code: object = 0, interrupted: bool = False) -> NoReturn:
-    """Python's exit with status `code` (an int, None, or a message for stderr), less the
-    modules' teardown. `interrupted`: end by SIGINT, as Python does after a KeyboardInterrupt,
-    so that the shell and DVC see a Ctrl-C."""
+    """Python's exit with status `code` (an int, None, or a message for stderr), less the modules'
+    teardown; `interrupted`: by SIGINT, as after a KeyboardInterrupt, so DVC sees a Ctrl-C."""
     if code is None:
         code = 0
     elif not isinstance(code, int):

@@ -1,11 +1,9 @@
 """What a forked stage must get back to be the new process it stands for (server.py).
 
-A fork of the warm server carries what the server's ~4,000 imports did to the interpreter: warnings
-filters, handlers on the logging root, entries appended to sys.path; and the server's umask and
-resource limits, not the command's. `fresh_state` records the first kind before the imports,
-`restore` puts it back in each stage and gives it the command's umask and limits. A thread is the
-other thing a fork loses: `threads_not_forkable` says why the server must not serve when a thread
-exists after the imports that is not known to survive a fork.
+A fork of the warm server carries what the server's imports did to the interpreter (warnings
+filters, the logging root's handlers, sys.path) and the server's umask and resource limits:
+`fresh_state` records the first before the imports, `restore` puts it back in each stage with the
+command's umask and limits. A fork loses threads: `threads_not_forkable` says when not to serve.
 """
 from __future__ import annotations
 
@@ -39,9 +37,8 @@ def thread_name(tid: str) -> str:
 
 
 def threads_not_forkable(main_thread: set[str], named: set[str]) -> str:
-    """Why forking this process would not give a stage what a new process has ("" if it would).
-    Native threads that libraries start at import and mend at fork (NAMED_THREADS) are fine; a
-    Python thread, or a native one nobody named, would not exist (or not work) in the forked stage."""
+    """Why forking this process would not give a stage what a new process has ("" if it would): a
+    Python thread, or a native one not in NAMED_THREADS, would not exist (or work) in the fork."""
     if threading.active_count() > 1:
         return "a Python thread is running: forking a threaded process is not safe"
     unnamed = sorted(threads() - main_thread - named)

@@ -3,22 +3,12 @@
     python -m pipeline.warm.server --serve SOCKET [--lifeline FD] [--parent PID] [--folder DIR]
                                    [--watch PID --idle S]
 
-A new Python process pays 1-2.5 s of imports before a stage's first line (torch, mlflow, pandas,
-scipy) and ~1.2 s at exit: most of a small study's stage. This server imports once: the grid
-launcher starts it for a study (pipeline/grid/warm.py), a plain `dvc repro`'s first stage for its
-DVC process (auto.py). A stage's command hands itself over (shim.py): a child forked from the
-server takes the command's arguments, directory, environment, streams, umask and resource limits,
-gets back what a new interpreter has (fresh.py), imports our own code afresh (an edit is seen) and
-runs the module as `python -m` would; the command waits, forwards signals and exits as the stage
-did. tests/test_warm.py runs the tiny study warm and cold: the same results.
-
-A command runs the ordinary way instead wherever a fork could differ from a new process: an
-interpreter option before -m, another interpreter, torchrun, an import-time variable set otherwise
-(shim.IMPORT_TIME_ENV), a memory limit other than the server's, a server that found a thread it
-cannot name as one that survives a fork, or one whose forks cannot run a CUDA kernel.
-
-It ends with whoever started it (a lifeline pipe, a parent-death signal, a watched pid) and removes
-its socket and folder; a command's handler dies with the server, a stage with its handler.
+What it serves, how, and what runs cold instead: docs/scaling-out-and-cost-plan.md#warm-starts.
+Started by the grid launcher (pipeline/grid/warm.py) or a plain `dvc repro`'s first stage
+(auto.py); commands come through shim.py, and each forked stage gets back what a new interpreter
+has (fresh.py). It ends with whoever started it (a lifeline pipe, a parent-death signal, a watched
+pid), removing its socket and folder; a command's handler dies with the server, a stage with its
+handler.
 """
 from __future__ import annotations
 
@@ -43,17 +33,15 @@ from pipeline.warm.exit import run_main
 from pipeline.warm.fresh import NAMED_THREADS, fresh_state, restore, threads, threads_not_forkable
 from pipeline.warm.shim import STAGES, fingerprint, limits, recv, send
 
-# The server imports the stage modules (and so what they import at the top), then what they import
-# later, inside functions (benchmarks/stage_overhead.py lists it per stage), then forgets our own
-# modules: only third-party ones stay. One that fails to import is left to the stage.
-# MLflow's database store too: the report's and every mirror's ~1.3 s (an sqlite URI is the default).
+# What the stages import later, inside functions (benchmarks/stage_overhead.py lists it per stage),
+# imported after the stage modules; MLflow's database store is the report's and every mirror's
+# ~1.3 s (an sqlite URI is the default). Our own modules are then forgotten.
 LATER = ("mlflow", "mlflow.tracking", "mlflow.entities", "mlflow.store.tracking.sqlalchemy_store", "sacrebleu",
          "sqlalchemy")
 # -- the server ---------------------------------------------------------------------------------
 
 def _warm_imports() -> set[str]:
-    """Import what the stages use; the native threads the imports started that are named (the
-    ones NAMED_THREADS expects)."""
+    """Import what the stages use; return the native threads NAMED_THREADS' imports started."""
     # Should an import ask torch whether CUDA is there, NVML answers: the CUDA driver's own answer
     # would start it in this process, and a forked child could then not use CUDA.
     before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
@@ -113,16 +101,14 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
           idle_s: float | None = None) -> None:
     """Serve commands on `path` until SIGTERM (`on_term`, else SystemExit) or, given `tie`
     (lifeline.py), until it ends. Given `watch` (the pid of the `dvc repro` whose stage started
-    it, auto.py): until that process ends, or no stage has been served or is running for `idle_s`.
-    The socket appears only once the imports are done: a stage that comes sooner runs cold rather
-    than wait for them (the launcher's first stages start as the server does)."""
+    it, auto.py): until that process ends, or no stage has been served or is running for `idle_s`."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     pidfd = _pidfd(watch) if watch is not None else None
     if watch is not None and not _alive(watch):
         print(f"warm: dvc (pid {watch}) has already ended; stopping", flush=True)
         return
     # Bound under another name now (a path the kernel refuses fails before the imports), renamed
-    # into place once they are done, so that a stage never waits for them.
+    # into place once they are done: a stage that comes sooner runs cold rather than wait.
     listener.bind(path + ".new")
     listener.listen(64)
     me = fingerprint(os.environ)  # before the imports, as a command sees it before its own
@@ -300,7 +286,6 @@ def _become_stage(request: dict, fds: list[int], rng, fresh: dict) -> None:
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace")
     sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin
     # Our own code is imported afresh, as a new process would (an edit made during a study is seen).
-    # (The server imported no other module of ours: _warm_imports forgot them.)
     for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "model")]:
         del sys.modules[name]
     restore(fresh, request)
@@ -311,18 +296,15 @@ def _become_stage(request: dict, fds: list[int], rng, fresh: dict) -> None:
         sys.modules["numpy"].random.seed()
     if rng is not None:
         sys.modules["torch"].random.set_rng_state(rng)
-    # Ends as a stage run cold ends (exit.py), also when the module returns here (one
-    # without run_main): Python's exit, less tearing down the thousands of modules the server imported.
+    # Ends as a stage run cold ends (exit.py), also a module without run_main of its own.
     run_main(lambda: runpy.run_module(request["module"], run_name="__main__", alter_sys=True))
 
 
 def start_server(path: str, log=None, tie: int | None = None, folder: str | None = None, ready_s: float = 0.0,
                  **popen):
-    """The server as a process of its own session: a Ctrl-C at the terminal reaches the stages'
-    commands (which forward it), not the server. Ready to accept once `path` exists, after its
-    imports: waited for up to `ready_s` (the launcher does not wait; its first stages run cold).
-    It ends when this process does (SIGTERM from the kernel), or when `tie` (a pipe's read end)
-    reads end of file; it then removes `path` and `folder`."""
+    """The server in a session of its own (a Ctrl-C reaches the stages' commands, which forward it),
+    waited for up to `ready_s`. It ends when this process does (SIGTERM from the kernel) or `tie`
+    reads end of file, removing `path` and `folder`."""
     command = [sys.executable, "-m", "pipeline.warm.server", "--serve", path, "--parent", str(os.getpid())]
     if tie is not None:
         command += ["--lifeline", str(tie)]

@@ -1,9 +1,7 @@
 """The command's side of warm starts: the hand-over to a server (server.py), and the `python` the
-grid launcher puts first on the stages' PATH (write_shims). Through it a plain `python -m pipeline
-<stage> ARGS` (dvc.yaml's form) runs in a fork of the server, and this process waits, passes on
-signals and exits as the stage did; anything else, or anything the server cannot run exactly as a
-new process would, is exec'd to the `python` PATH would have found without the shims. Standard
-library only: it starts with `-SE`, loaded by path without site-packages, in a few ms.
+grid launcher puts first on the stages' PATH (write_shims); what is served and what is exec'd to
+the real `python` instead: docs/scaling-out-and-cost-plan.md#warm-starts. Standard library only:
+it starts with `-SE`, loaded by path without site-packages, in a few ms.
 """
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ import struct
 import sys
 
 STAGES = {"check_params", "download", "filter", "train_bpe", "encode", "train", "evaluate", "knockout", "report"}
-# Read by torch, numpy, MLflow and the rest when they are imported (not when a function runs): set
-# otherwise than in the server that imported them, a stage served there would not be the
-# stage a new process runs.
+# Read by torch, numpy, MLflow and the rest when imported, not when a function runs: set otherwise
+# than in the server that imported them, a served stage would not be the stage a new process runs.
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "ATEN_", "ONEDNN_", "DNNL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_",
                    "PYTHON", "MPL", "MATPLOTLIB", "MLFLOW_", "NUMEXPR_", "SQLALCHEMY",
                    # read once and kept: the locale (C library and Python's), time zone, temp dir
@@ -98,11 +95,9 @@ shim.shim({socket!r}, {same!r}, {python!r})
 
 
 def write_shims(folder: str, socket_path: str, path: str | None = None) -> None:
-    """`python` and `python3` in `folder`: put first on PATH, they serve a stage's command from the
-    server at `socket_path` and exec the interpreter PATH would have found otherwise. Served only
-    where that `python` is this interpreter, asked once here: a wrapper script that execs it (as
-    scripts/gpu_env.sh makes) counts, another venv does not. `path`: the PATH the stages get
-    (default: this process's)."""
+    """`python` and `python3` in `folder`, to go first on PATH (`path`, default this process's).
+    Served only where PATH's `python` is this interpreter, asked once here: a wrapper script that
+    execs it (as scripts/gpu_env.sh makes) counts, another venv does not."""
     import subprocess
 
     for name in ("python", "python3"):
@@ -137,9 +132,8 @@ def _which(name: str, path: str) -> str | None:
 
 
 def shim(socket_path: str, same: str | None, server_python: str) -> None:
-    """The `python` of write_shims: the stage's command served by the server where PATH's `python`
-    is `same` (the server's interpreter), else that `python` exec'd with the same arguments. Either
-    way the stage sees PATH without the shims."""
+    """The `python` of write_shims: served where PATH's `python` is `same` (the server's), else that
+    `python` exec'd with the same arguments; either way the stage sees PATH without the shims."""
     name, args = os.path.basename(sys.argv[0]), sys.argv[1:]
     here = os.path.dirname(os.path.abspath(sys.argv[0]))
     env = dict(os.environ)
@@ -156,8 +150,7 @@ def shim(socket_path: str, same: str | None, server_python: str) -> None:
 
 
 def hand_over(path: str, command: tuple[str, list[str]], env: dict, executable: str) -> None:
-    """Run the command in the server and exit as it did; return (run it the ordinary way) when it
-    cannot be served exactly."""
+    """Run the command in the server and exit as it did; return when it cannot be served exactly."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
