@@ -1,4 +1,4 @@
-"""What thread-count-free LayerNorm gradients (model/norm.py) cost a CPU training step.
+"""What thread-count-free LayerNorm gradients (model/exact.py) cost a CPU training step.
 
 Run: python -m benchmarks.norm_cost [--repeats 40] [--threads 1 2]
 Prints one JSON object. Two shapes: the default study's encoder-decoder (d 64, 2+2 layers, post-norm,
@@ -22,7 +22,7 @@ from torch import nn
 from benchmarks.gpt_step import gpt_config
 from benchmarks.model_speed import make_batch, make_step, time_interleaved
 from model import ModelConfig, build_model
-from model.norm import LayerNorm
+from model.layers import LayerNorm
 from pipeline import cpu_numerics
 
 

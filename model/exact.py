@@ -1,6 +1,6 @@
-"""Attention kernels whose CPU bits depend neither on the thread count nor on the CPU's maker, so
-that `bash run.sh` (one thread a run), `dvc repro` (two) and another machine train the same weights.
-Each fix computes the same maths in a fixed order:
+"""Kernels whose CPU bits depend neither on the thread count nor on the CPU's maker, so that `bash
+run.sh` (one thread a run), `dvc repro` (two) and another machine train the same weights. Each fix
+computes the same maths in a fixed order; the forward is torch's own kernel, CUDA keeps torch's:
 
 - `softmax`: ATen's CPU softmax backward splits a row across threads when the last dim is not a
   multiple of the vector width (8 floats on AVX2). Ours keeps torch's forward and writes out the
@@ -9,6 +9,10 @@ Each fix computes the same maths in a fixed order:
   lone (batch, head) pair across threads; two pairs each stay in one. A lone pair gets a detached
   copy as a second batch row: masks broadcast, row 0 computes what the pair alone would, the copy
   gets no gradient. It costs one pair more on the rare step with one (one head, one sequence).
+- `layer_norm`: torch's CPU LayerNorm backward sums the weight and bias gradients in one partial sum
+  per thread. Ours takes the input gradient from torch's kernel (row by row: no thread sees
+  another's rows) and the weight and bias gradients as plain sums over rows, whose order the shape
+  alone sets (tests/test_model_norm.py).
 - `writes_out`: torch's fused CPU kernel runs attention dropout through its math path (ATen's
   softmax backward) and multiplies in MKL, whose bits differ between CPU makers, out of reach of
   the products pipeline/cpu_numerics.py routes: there the written-out formula runs instead.
@@ -21,6 +25,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -69,3 +74,37 @@ def one_thread_per_pair(attend: Callable) -> Callable:
 def writes_out(q: Tensor, dropout_p: float) -> bool:
     """Whether fused attention runs the written-out formula instead of torch's kernel."""
     return q.device.type in WRITTEN_OUT_ON or (dropout_p > 0 and backward_on_cpu(q))
+
+
+class _FixedOrderLayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+        y, mean, rstd = torch.native_layer_norm(x, weight.shape, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: Tensor):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.ops.aten.native_layer_norm_backward(
+                dy, x, weight.shape, mean, rstd, weight, bias, [True, False, False])[0]
+        if dy.dtype != weight.dtype:  # bf16 autocast: x and dy bf16, the parameters float32
+            dy, x = dy.to(weight.dtype), x.to(weight.dtype)
+        rows = dy.reshape(-1, weight.shape[0])
+        if ctx.needs_input_grad[1]:
+            dw = (x - mean).mul_(rstd).mul_(dy).reshape_as(rows).sum(0)  # one new tensor, the rest in place
+        if bias is not None and ctx.needs_input_grad[2]:
+            db = rows.sum(0)
+        return dx, dw, db, None
+
+
+def layer_norm(x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
+               eps: float) -> Tensor:
+    """F.layer_norm; training on the CPU, weight and bias gradients summed in a fixed order."""
+    if (x.device.type != "cpu" or weight is None or len(shape) != 1
+            or not (torch.is_grad_enabled() and weight.requires_grad)):
+        return F.layer_norm(x, shape, weight, bias, eps)
+    return _FixedOrderLayerNorm.apply(x, weight, bias, eps)

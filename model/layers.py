@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model import exact
 from model.attention import KVCache, MultiHeadAttention
 from model.config import ModelConfig
-from model.norm import LayerNorm
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -33,6 +33,14 @@ def make_dropout(p: float) -> nn.Dropout | None:
 
 def dropout(module: nn.Dropout | None, x: Tensor) -> Tensor:
     return x if module is None else module(x)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (the same parameters, state dict and outputs) whose CPU gradients do not depend
+    on the thread count (model/exact.py)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return exact.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:

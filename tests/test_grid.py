@@ -236,7 +236,7 @@ def test_bad_jobs_is_a_one_line_error(tmp_path):
 @pytest.mark.slow
 def test_the_study_side_by_side_ends_as_a_serial_dvc_repro(tmp_path):
     """The same dvc.lock and the same outputs, bit for bit (wall times aside), though the serial
-    runs train with 2 threads and the grid's with 1 each (model/norm.py)."""
+    runs train with 2 threads and the grid's with 1 each (model/exact.py)."""
     from tests.test_warm import output_hashes
 
     params = tiny_params(seeds=[0, 1], knockout={"seeds": [0]}, train={**TINY["train"], "threads": 2})

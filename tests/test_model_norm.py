@@ -1,4 +1,4 @@
-"""model/norm.py: torch's LayerNorm in every output, with weight and bias gradients that do not
+"""model/layers.py LayerNorm (model/exact.py): torch's LayerNorm in every output, with weight and bias gradients that do not
 depend on the number of CPU threads (the whole training run: tests/test_trainer.py)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.norm import LayerNorm
+from model.layers import LayerNorm
 
 
 def pair(bias: bool, d: int = 64) -> tuple[nn.LayerNorm, LayerNorm]:
@@ -77,7 +77,7 @@ def bits_at_each_thread_count(make, x: torch.Tensor, dy: torch.Tensor) -> set[tu
 
 def test_the_weight_and_bias_gradients_are_the_same_bits_at_any_thread_count():
     """What torch's own LayerNorm does at this size (it differed between 1 and 2 threads on the CPU
-    model/norm.py was written on) is a fact about torch, measured by benchmarks/cpu_numerics.py;
+    model/exact.py's layer_norm was written on) is a fact about torch, measured by benchmarks/cpu_numerics.py;
     ours must never differ, and RMSNorm's whole training run is checked in tests/test_trainer.py."""
     x, dy = torch.randn(64, 256, 128), torch.randn(64, 256, 128)
     assert len(bits_at_each_thread_count(lambda: pair(True, 128)[1], x, dy)) == 1

@@ -71,7 +71,7 @@ def test_same_seed_same_metrics_different_seed_different(tiny_shards):
                                                    ("encoder_decoder", "rmsnorm", 1, "manual")])
 def test_the_thread_count_does_not_change_a_single_bit(tiny_shards, monkeypatch, arch, norm, heads, impl):
     """1, 2 or 3 CPU threads (the grid's share beside another run, a serial `dvc repro`, a bigger
-    machine's auto): the same weights and curves (model/norm.py, and MKL's STRICT mode pinned by
+    machine's auto): the same weights and curves (model/exact.py, and MKL's STRICT mode pinned by
     pipeline/cpu_numerics.py; one head and the written-out attention: model/attention.py). Where torch's own LayerNorm depends on the thread count on this CPU
     (measured here, a fact of torch), putting it back must make the same runs differ: what this
     test would catch."""
