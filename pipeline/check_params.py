@@ -18,13 +18,13 @@ from pathlib import Path
 
 from pipeline.io.atomic import DiskFull, atomic_write_text
 from pipeline.params import Params, ParamsError, load_params, model_config, model_fields, resolve_variant, stage_error
+from pipeline.params.data import check_source_paths
 
 STAMP = "params.yaml: every key valid (pipeline/check_params.py)\n"
 
 
 def check(params: Params, local_root: Path) -> None:
     """Raise ParamsError/ValueError naming the first bad key."""
-    from pipeline.download import check_source_paths
     from pipeline.sources import SOURCES
     from pipeline.sources.common import parse_options
 

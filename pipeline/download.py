@@ -23,14 +23,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipeline.io.atomic import atomic_path, atomic_write_json
-from pipeline.params import ParamsError, load_params, stage_error
 from pipeline.io.progress import Progress
-from pipeline.sources import synthetic
+from pipeline.params import ParamsError, load_params, stage_error
+from pipeline.params.data import check_source_paths
 from pipeline.sources.common import SPLITS, TextStats
 from pipeline.sources.http import default_cache_dir
 
 
 def write_synthetic(out_dir: Path, n_examples: int, seed: int) -> None:
+    from pipeline.sources import synthetic  # pandas: imported only for the source that uses it
+
     frame = synthetic.generate(n_examples, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out_dir / "train.parquet", index=False)
@@ -38,34 +40,11 @@ def write_synthetic(out_dir: Path, n_examples: int, seed: int) -> None:
                                               "n_examples": n_examples, "seed": seed})
 
 
-def check_local_paths(paths: object, root: Path, key: str = "data.local.paths") -> None:
-    """Every path named under `data.local.paths` (strings, lists, {source, target} maps) lies in `root`."""
-    if isinstance(paths, dict):
-        for name, value in paths.items():
-            check_local_paths(value, root, f"{key}.{name}")
-    elif isinstance(paths, list):
-        for value in paths:
-            check_local_paths(value, root, key)
-    elif isinstance(paths, str):
-        inside = os.path.abspath(os.path.expanduser(paths))
-        if os.path.commonpath([inside, os.path.abspath(root)]) != os.path.abspath(root):
-            raise ValueError(f"{key}: {paths} is outside {root}/, where DVC tracks local data; move "
-                             f"or link it there (an edit elsewhere would not rerun the pipeline)")
-
-
 log = logging.getLogger(__name__)
 PERCENTILES = (50, 90, 99)
 # With documents: paragraph, a share of documents holding a line break this high suggests a file
 # whose documents end at a single newline (TinyStories without separators): the warning says so.
 LINE_BREAK_WARNING = 0.1
-
-
-def check_source_paths(source: str, options: dict, root: Path) -> None:
-    """The files a source reads in place (local's paths, iwslt2017's local_dir) lie in `root`."""
-    if source == "local":
-        check_local_paths(options.get("paths"), root)
-    elif source == "iwslt2017" and options.get("local_dir") is not None:
-        check_local_paths(options["local_dir"], root, "data.iwslt2017.local_dir")
 
 
 def download(source: str, options: dict, cache_dir: Path, out: Path) -> dict:

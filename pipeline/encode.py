@@ -34,8 +34,8 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from pipeline.io.atomic import atomic_path
-from pipeline.params import ParamsError, load_params, stage_error
 from pipeline.io.progress import Progress
+from pipeline.params import ParamsError, load_params, stage_error
 from pipeline.train_bpe import describe_normalization, file_sha256, load_tokenizer
 
 SPLITS = ("train", "validation", "test")

@@ -50,21 +50,22 @@ import torch.nn.functional as F
 from model.generate import decode_loop, next_token_picker
 from pipeline import cpu_numerics
 from pipeline.io.atomic import atomic_path
-from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
 from pipeline.io.progress import Progress
+from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
 from pipeline.scoring.metrics import task_metrics
 from pipeline.scoring.output_checks import flags, output_stats
+from pipeline.scoring.run_files import load_model, read_object, run_settings
 from pipeline.train_bpe import load_tokenizer
 from pipeline.training import trainer
 from pipeline.training.batching import Split, collate, load_split, load_texts, read_manifest
-from pipeline.training.checkpoint import LAST_MODEL
 from pipeline.training.batching import lm_stream as training_stream
+from pipeline.training.checkpoint import LAST_MODEL
 from pipeline.training.device import choose_threads, recorded_slots, resolve_device
 from pipeline.training.gpu_lock import claimed
-from pipeline.scoring.run_files import load_model, read_object, run_settings
 
-# (at most context / 2). A candidate for an `evaluate.prompt_tokens` param.
-ATTENTION_TOKENS = 64  # LM attention map: the first tokens of a validation document
+# The LM attention map: the first tokens of a validation document (at most context / 2); a
+# candidate for an `evaluate.prompt_tokens` param.
+ATTENTION_TOKENS = 64
 
 
 # Seconds between progress log lines under DVC/CI (tests lower it to see lines at once).

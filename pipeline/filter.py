@@ -36,14 +36,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.io.atomic import atomic_path, atomic_write_json
 from pipeline.filtering import tables
 from pipeline.filtering.lengths import WORKERS, Histogram, counted, percentiles
 from pipeline.filtering.tables import (
     FrameSink, ParquetSink, Permuter, Reader, parquet_reader, texts,
 )
-from pipeline.params import FilterParams, ParamsError, load_params, stage_error
+from pipeline.io.atomic import atomic_path, atomic_write_json
 from pipeline.io.progress import Progress
+from pipeline.params import FilterParams, ParamsError, load_params, stage_error
 
 SPLITS = ("train", "validation", "test")
 

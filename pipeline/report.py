@@ -35,16 +35,19 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pipeline.deciding.rounds import seed_order
 from pipeline.io.atomic import DiskFull, atomic_path, explain_full_disk
 from pipeline.params import (Params, ParamsError, ReportParams, knockout_seeds, load_params, model_config,
                              resolve_variant, stage_error)
-from pipeline.deciding.rounds import seed_order
 from pipeline.reporting import decisions, drawing, sweeps
 from pipeline.reporting.assumption import assumption_blocks
 from pipeline.reporting.claims import check_claims, claims_blocks, claims_summary
+from pipeline.reporting.cost import cost_blocks
+from pipeline.reporting.data_tables import data_blocks, download_blocks
 from pipeline.reporting.dvc_files import curve_tables, details_summary, metrics_summary
 from pipeline.reporting.figures import delta_blocks, figure_blocks
 from pipeline.reporting.fingerprint import fingerprint
@@ -55,17 +58,15 @@ from pipeline.reporting.mlflow_mirror import RunFiles, import_ahead, mirror_runs
 from pipeline.reporting.notes import notes_blocks
 from pipeline.reporting.plots import variant_colors
 from pipeline.reporting.render import Block, Paragraph, to_html, to_markdown
-from pipeline.reporting.cost import cost_blocks
-from pipeline.reporting.data_tables import data_blocks, download_blocks
-from pipeline.reporting.stats import ALPHA
 from pipeline.reporting.results import BASE_METRICS, DERIVED, TASK_METRICS
+from pipeline.reporting.stats import ALPHA
 from pipeline.reporting.study import ReportInputs, Study, read_inputs
 from pipeline.reporting.tables import (
     output_blocks, params_blocks, per_run_blocks, plateau_blocks, reference_blocks, reference_summary, results_blocks,
     samples_blocks, setup_blocks,
 )
 from pipeline.reporting.verdict import verdict_blocks
-from pipeline.tracking import tracking_root
+from pipeline.tracking import tracking_enabled, tracking_root
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out-dir", type=Path, required=True, help="replaced as a whole (reports)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    started = time.monotonic()
     try:
         params = _read_params(args.params)
         with drawing.forking():  # the figures side by side
@@ -330,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             runs = render_report(inputs, args.out_dir)
     except (ReportInputError, DiskFull, drawing.DrawingError) as e:
         raise stage_error("report", e) from None
-    log.info("report: wrote %s (report.md, report.html, figures/)", args.out_dir)
+    written = time.monotonic()
+    log.info("report: wrote %s (report.md, report.html, figures/) in %.1f s", args.out_dir, written - started)
     report, decide = params.report, params.decide
     if decide.looks:  # MLflow tags each run with the round that added it
         order = seed_order(params.seeds, decide.looks[-1])
@@ -342,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     columns = tuple(m for m in (summary.get("primary_metric"), summary.get("main_metric")) if m)
     mirror_runs(runs, args.out_dir, report.experiment, data, columns)
     mirror_knockouts(args.evals, report.baseline, inputs.study.knockout_seeds, report.experiment, data)
+    if tracking_enabled():
+        log.info("report: MLflow's mirror of %d runs took %.1f s more", len(runs), time.monotonic() - written)
 
 if __name__ == "__main__":
     from pipeline.warm.exit import run_main

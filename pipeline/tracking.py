@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +105,36 @@ def store_lock(wait_s: float = 300.0) -> Iterator[None]:
                     break
                 time.sleep(0.2)
         yield
+
+
+def store_to_make() -> Path | None:
+    """The sqlite file the report stage's mirror would create, where there is none yet; None where
+    tracking is off or live (the train stages open the store as they start) or the store is a server."""
+    uri = tracking_uri()
+    if not tracking_enabled() or live_tracking() or not uri.startswith("sqlite:///"):
+        return None
+    path = Path(uri.removeprefix("sqlite:///"))
+    return None if path.exists() else path
+
+
+def make_store(path: Path) -> bool:
+    """MLflow's tables made in a new sqlite file beside `path`, then linked to `path` unless a store
+    got there first: a new store runs MLflow's table migrations (1-2 s), which the grid launcher
+    (`python -m pipeline.tracking --make-store`) lets run beside the first stages instead of in the
+    report stage at the study's end. Built aside and linked whole, so that a kill midway leaves no
+    half-made store and a stage that opens the store meanwhile makes its own. False if it failed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+        os.link(tmp, path)  # never over a store that is there
+        return True
+    except Exception:  # noqa: BLE001 - the report stage makes the store then, as without this
+        return False
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+            leftover.unlink(missing_ok=True)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -232,3 +263,12 @@ class Tracker:
             self._client.set_terminated(self.run_id, status=status)
         except Exception as exc:  # noqa: BLE001
             self._fail("end", exc)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--make-store"]:
+        raise SystemExit("usage: python -m pipeline.tracking --make-store")
+    os.nice(19)  # beside the stages, never before them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # make_store's clean-up runs
+    store = store_to_make()
+    sys.exit(0 if store is None or make_store(store) else 1)

@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from pipeline.io.atomic import atomic_path
-from pipeline.params import ParamsError, TrainBpeParams, load_params, stage_error
 from pipeline.io.progress import Progress
+from pipeline.params import ParamsError, TrainBpeParams, load_params, stage_error
 
 
 NEWLINE = "\n"

@@ -110,6 +110,15 @@ def test_pipeline_top_level_is_the_stages_and_at_most_six_others():
     assert len(modules - run) + len(shared_rooms) <= 6
 
 
+def test_the_entry_point_knows_exactly_the_stages_dvc_yaml_runs():
+    # `python -m pipeline <stage>` refuses a name outside STAGES, and the warm server imports each
+    # one ahead: a stage added to dvc.yaml but not there would fail, one left there is imported for nothing.
+    from pipeline.warm.shim import STAGES
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert STAGES == {cmd_module(stage["cmd"]) for stage in stages.values()}
+
+
 def cmd_module(cmd: str) -> str:
     words = cmd.split()
     return words[words.index("-m") + 2]  # `python -m pipeline <stage>`

@@ -184,7 +184,7 @@ def test_plan_prints_the_study_wall(tmp_path, capsys):
 def test_warm_stage_costs_come_from_warm_studies_and_else_from_cold_ones(tmp_path):
     """The grid launcher's warm starts cost less than a plain `dvc repro`'s new processes: a warm
     plan takes its figures from studies run warm (run.json `warm`), a family no warm study timed
-    from the cold ones (an upper bound, said so), and a cold plan never uses a warm study."""
+    from the cold ones (an upper bound, said so); a cold plan the other way round (a lower bound)."""
     import shutil
 
     folders = []
@@ -201,10 +201,16 @@ def test_warm_stage_costs_come_from_warm_studies_and_else_from_cold_ones(tmp_pat
     cold_only, warm_only = (study.measured_study(f) for f in folders)
     warm = study.fit_costs(folders, warm=True)
     assert warm.per_stage["evaluate"] == pytest.approx(warm_only["evaluate"])
-    assert warm.per_stage["report"] == pytest.approx(cold_only["report"]) and warm.cold_families == ["report"]
-    assert "as no study run warm timed them, report as run cold" in warm.describe()
+    assert warm.per_stage["report"] == pytest.approx(cold_only["report"]) and warm.borrowed == ["report"]
+    assert "as no study run warm timed them, report as run cold, an upper bound" in warm.describe()
     cold = study.fit_costs(folders, warm=False)
     assert cold.studies == ["tinystories_cpu"] and cold.per_stage["evaluate"] == pytest.approx(cold_only["evaluate"])
+    # and the other way: a family no cold study timed takes the warm figure, a lower bound
+    del (cold_run := json.loads((folders[0] / "run.json").read_text()))["stage_s"]["train_bpe"]
+    (folders[0] / "run.json").write_text(json.dumps(cold_run))
+    cold = study.fit_costs(folders, warm=False)
+    assert cold.borrowed == ["train_bpe"] and cold.per_stage["train_bpe"] == pytest.approx(warm_only["train_bpe"])
+    assert "as no study run cold timed them, train_bpe as run warm, a lower bound" in cold.describe()
 
 
 def test_seeds_until_decided_costs_its_rounds_and_states_both_ends():

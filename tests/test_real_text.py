@@ -17,7 +17,7 @@ import yaml
 from scipy import stats as sps
 
 from model import ModelConfig, build_model
-from pipeline.download import check_local_paths
+from pipeline.params.data import check_local_paths
 from pipeline.encode import encode
 from pipeline.evaluate import evaluate
 from pipeline.params import EvaluateParams, TrainBpeParams

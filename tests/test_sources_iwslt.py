@@ -187,7 +187,7 @@ def test_iwslt2017_local_dir_missing_files_are_listed_in_one_line(tmp_path):
 
 
 def test_iwslt2017_local_dir_must_be_under_the_folder_dvc_tracks(tmp_path):
-    from pipeline.download import check_source_paths
+    from pipeline.params.data import check_source_paths
 
     check_source_paths("iwslt2017", {"local_dir": str(tmp_path / "local" / "en-de")}, tmp_path / "local")
     with pytest.raises(ValueError, match=r"data.iwslt2017.local_dir: .* is outside"):

@@ -284,3 +284,62 @@ def test_train_json_records_the_stage_times_and_the_machine_load(tiny_shards, tm
         assert load["loadavg_1m"] >= 0 and isinstance(load["other_running"], int) and load["other_running"] >= 0
     now = machine_load()
     assert now["loadavg_1m"] == pytest.approx(os.getloadavg()[0], abs=0.5)  # the kernel's own figure
+
+
+@pytest.mark.slow
+def test_the_store_is_made_aside_and_linked_whole(tmp_path, monkeypatch):
+    # What the grid launcher runs beside the first stages: MLflow's tables made, and nothing left
+    # beside the store; the report stage then opens it without making tables again.
+    monkeypatch.setenv("ABLATION_LAB_MLFLOW_LIVE", "0")
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    assert tracking.store_to_make() == store
+    assert tracking.make_store(store)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+    assert tracking.store_to_make() is None  # there now: nothing to make
+    client = tracking.open_client()
+    run = client.create_run(tracking.experiment_id(client, "x")).info.run_id
+    assert client.get_run(run).info.status == "RUNNING"
+
+
+@pytest.mark.slow
+def test_the_store_maker_never_replaces_a_store_and_cleans_up_after_a_failure(tmp_path, monkeypatch):
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"a store that came first")
+    assert not tracking.make_store(store)  # linked only where there is none
+    assert store.read_bytes() == b"a store that came first" and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+    monkeypatch.setattr(mlflow_tracking, "MlflowClient", lambda **_: 1 / 0)
+    assert not tracking.make_store(tmp_path / "other.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
+@pytest.mark.parametrize("setting", ["off", "live", "server"])
+def test_no_store_is_made_where_the_report_would_not_make_one(tmp_path, monkeypatch, setting):
+    monkeypatch.setenv("ABLATION_LAB_MLFLOW_LIVE", "1" if setting == "live" else "0")
+    monkeypatch.setenv("ABLATION_LAB_TRACKING", "0" if setting == "off" else "1")
+    uri = "http://127.0.0.1:5000" if setting == "server" else f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert tracking.store_to_make() is None
+
+
+@pytest.mark.multiprocess
+@pytest.mark.kill
+def test_a_store_maker_ended_midway_leaves_no_file(tmp_path, monkeypatch):
+    # The launcher ends it when a study stops early: ended while it makes the tables (its file
+    # there), it leaves neither that file nor a store.
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("ABLATION_LAB_MLFLOW_LIVE", "0")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    root = Path(tracking.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.tracking", "--make-store"], cwd=tmp_path, env=env)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".mlflow.db.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "it ended before making its file"
+    proc.terminate()
+    assert proc.wait(timeout=30) != 0
+    assert list(tmp_path.iterdir()) == []

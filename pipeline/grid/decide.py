@@ -16,11 +16,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from pipeline.io.atomic import atomic_path
 from pipeline.deciding import record
 from pipeline.deciding.rounds import plan_fingerprint
 from pipeline.grid import signals
 from pipeline.grid.repro import repro
+from pipeline.io.atomic import atomic_path
 from pipeline.params import ParamsError, load_params, stage_error
 
 RECORD = Path("reports/decisions.json")

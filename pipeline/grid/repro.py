@@ -21,16 +21,17 @@ import argparse
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from pipeline.io.atomic import atomic_path
 from pipeline.grid import lock, signals
 from pipeline.grid.dag import Task, plan_tasks, read_pipeline, shared_stages, stale_stages
 from pipeline.grid.launch import DVC, Launcher
 from pipeline.grid.lifeline import Lifeline
 from pipeline.grid.warm import warm_starts
+from pipeline.io.atomic import atomic_path
 
 LOG_DIR = Path(".dvc/tmp/grid")  # DVC keeps .dvc/tmp out of git
 THREADS_ENV = "ABLATION_LAB_THREADS"  # pipeline.training.device reads it (not imported: no torch here)
@@ -184,6 +185,29 @@ def run_stages(launcher: Launcher, what: list[str], direct: bool, cold: bool) ->
     return code, stopped
 
 
+@contextlib.contextmanager
+def store_made(lifeline: Lifeline):
+    """The MLflow store the report stage would make at the study's end (its table migrations, 1-2 s)
+    made beside the runs instead, at the lowest priority (pipeline.tracking.make_store; it exits at
+    once where there is nothing to make). Not beside the shared stages: on 2 cores it slowed them
+    by 1-2 s (benchmarks/study_start.py). Built aside and linked whole, so ending it is safe."""
+    with signals.held():
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.tracking", "--make-store"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        lifeline.group(proc.pid)
+    try:
+        yield
+    finally:
+        if proc.poll() is None:  # a study stopped early: it removes its part-made file as it ends
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        proc.wait()
+        lifeline.ended(proc.pid)
+
+
 def run_direct(launcher: Launcher, command: list[str]) -> int:
     """A plain serial `dvc repro`, its output straight to this terminal; its exit status
     (negative: the signal that ended it)."""
@@ -213,6 +237,7 @@ def run_grid(launcher: Launcher, targets: list[str]) -> bool:
     tasks = plan_tasks(pipeline, needed)
     what = "stages to run" if not stale & shared else "stages to run or skip (DVC decides)"
     print(f"grid: {len(needed)} {what} in {len(tasks)} processes, at most {launcher.jobs} at once", flush=True)
-    return launcher.run(tasks, lambda task: [*DVC, "repro", "--single-item", *task.stages])
+    with store_made(launcher.lifeline):
+        return launcher.run(tasks, lambda task: [*DVC, "repro", "--single-item", *task.stages])
 
 

@@ -20,6 +20,29 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ablation-lab"
 
 
+def check_local_paths(paths: object, root: Path, key: str = "data.local.paths") -> None:
+    """Every path named under `data.local.paths` (strings, lists, {source, target} maps) lies in `root`."""
+    if isinstance(paths, dict):
+        for name, value in paths.items():
+            check_local_paths(value, root, f"{key}.{name}")
+    elif isinstance(paths, list):
+        for value in paths:
+            check_local_paths(value, root, key)
+    elif isinstance(paths, str):
+        inside = os.path.abspath(os.path.expanduser(paths))
+        if os.path.commonpath([inside, os.path.abspath(root)]) != os.path.abspath(root):
+            raise ValueError(f"{key}: {paths} is outside {root}/, where DVC tracks local data; move "
+                             f"or link it there (an edit elsewhere would not rerun the pipeline)")
+
+
+def check_source_paths(source: str, options: dict, root: Path) -> None:
+    """The files a source reads in place (local's paths, iwslt2017's local_dir) lie in `root`."""
+    if source == "local":
+        check_local_paths(options.get("paths"), root)
+    elif source == "iwslt2017" and options.get("local_dir") is not None:
+        check_local_paths(options["local_dir"], root, "data.iwslt2017.local_dir")
+
+
 class SyntheticParams(Section):
     n_examples: int = Field(4000, gt=0)  # articles generated before filtering
     seed: int = 1234  # the generator's own seed: the dataset is fixed across training seeds

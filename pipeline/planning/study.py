@@ -5,7 +5,8 @@ seconds, scheduled on `jobs` slots as the grid launcher runs them.
 
 The model: docs/scaling-out-and-cost-plan.md#know-the-cost-first ("What a study costs"). Each
 figure is the median over the committed studies run the same way (run.json `warm`; one busy day
-moves it little), a family no warm study timed taking the cold one. A train stage's fixed cost is
+moves it little), a family no study run that way timed taking the others' (said so: for a warm
+plan an upper bound, for a cold one a lower bound). A train stage's fixed cost is
 its measured seconds (`stage_s`) less its run's measured loop; every other family's figure is its
 measured seconds per stage, work included (an evaluation's work depends on what the model
 generates), knockout taking evaluate's where no study timed one. On a CPU a loop runs max(1, jobs x
@@ -47,16 +48,15 @@ class StageCosts:
     train_fixed_s: float  # a train stage's seconds besides its training loop
     studies: list[str] = field(default_factory=list)
     warm: bool = False  # the stages served warm (the grid launcher) or each a new process (`dvc repro`)
-    cold_families: list[str] = field(default_factory=list)  # warm: those only cold studies timed
+    borrowed: list[str] = field(default_factory=list)  # families only studies run the other way timed
 
     def describe(self) -> str:
-        if not self.warm:
-            source = f"{len(self.studies)} committed serial studies run cold ({', '.join(self.studies)})"
-        elif not self.cold_families:
-            source = f"{len(self.studies)} committed serial studies run warm ({', '.join(self.studies)})"
+        way, other, bound = ("warm", "cold", "an upper bound") if self.warm else ("cold", "warm", "a lower bound")
+        if not self.borrowed:
+            source = f"{len(self.studies)} committed serial studies run {way} ({', '.join(self.studies)})"
         else:
-            source = (f"committed serial studies ({', '.join(self.studies)}); as no study run warm timed them, "
-                      f"{', '.join(self.cold_families)} as run cold, an upper bound")
+            source = (f"committed serial studies ({', '.join(self.studies)}); as no study run {way} timed them, "
+                      f"{', '.join(self.borrowed)} as run {other}, {bound}")
         return (f"per-stage costs measured in {source}: train stage {self.train_fixed_s:.2g} s + its loop, evaluate "
                 f"{self.per_stage['evaluate']:.2g} s, knockout {self.per_stage['knockout']:.2g} s, report "
                 f"{self.per_stage['report']:.2g} s, data stages {sum(self.per_stage[f] for f in DATA):.2g} s")
@@ -103,25 +103,25 @@ def measured_study(folder: Path) -> dict | None:
 
 
 def fit_costs(folders: list[Path], warm: bool = False) -> StageCosts:
-    """The median per-stage figures over the committed studies in `folders` run warm (or cold);
-    for warm, a family no warm study timed takes the cold studies' figure (module docstring)."""
+    """The median per-stage figures over the committed studies in `folders` run warm (or cold); a
+    family no study run that way timed takes the others' figure (module docstring)."""
     every = {f.name: m for f in folders if (f / "run.json").is_file() and (m := measured_study(f))}
     if not every:
         raise PlanError("no committed study has a run.json with per-stage times (stage_s) to time the stages on")
     same = {n: m for n, m in every.items() if m["warm"] == warm}
-    cold = {n: m for n, m in every.items() if not m["warm"]}
+    other = {n: m for n, m in every.items() if m["warm"] != warm}
 
     def med(key: str, studies: dict) -> float | None:
         values = [m[key] for m in studies.values() if key in m]
         return statistics.median(values) if values else None
 
-    fallback = []
+    borrowed = []
 
     def figure(key: str) -> float | None:
         value = med(key, same)
-        if value is None and warm and med(key, cold) is not None:
-            fallback.append(key.removesuffix("_fixed"))
-            value = med(key, cold)
+        if value is None and med(key, other) is not None:
+            borrowed.append(key.removesuffix("_fixed"))
+            value = med(key, other)
         return value
 
     per_stage = {f: figure(f) for f in FIXED}
@@ -130,8 +130,8 @@ def fit_costs(folders: list[Path], warm: bool = False) -> StageCosts:
         raise PlanError(f"the committed studies ({', '.join(every)}) time no evaluate or train stage")
     per_stage = {f: v if v is not None else per_stage["evaluate"] if f == "knockout" else 0.0
                  for f, v in per_stage.items()}
-    used = same if not fallback else {**same, **cold}
-    return StageCosts(per_stage, train_fixed, sorted(used), warm, fallback)
+    used = same if not borrowed else {**same, **other}
+    return StageCosts(per_stage, train_fixed, sorted(used), warm, borrowed)
 
 
 def loop_slowdown(jobs: int, threads: int, cores: int, pinned: bool = False) -> float:

@@ -12,8 +12,8 @@ from pipeline.deciding.record import Record
 from pipeline.reporting import plots
 from pipeline.reporting.inputs import Run, number
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph
-from pipeline.reporting.stats import Delta, higher_is_better
 from pipeline.reporting.results import Results
+from pipeline.reporting.stats import Delta, higher_is_better
 
 ATTENTION_PREFERENCE = ("decoder.cross", "decoder.self", "encoder.self")  # first present is shown
 

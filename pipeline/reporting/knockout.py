@@ -21,11 +21,11 @@ import numpy as np
 from matplotlib.figure import Figure as MplFigure
 
 from pipeline.reporting.drawing import save
+from pipeline.reporting.formatting import MISSING, fmt, fmt_p, fmt_summary
 from pipeline.reporting.inputs import ReportInputError, number, read_json, values_by_seed
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
-from pipeline.reporting.stats import ALPHA, holm, paired_delta, summarize
-from pipeline.reporting.formatting import MISSING, fmt, fmt_p, fmt_summary
 from pipeline.reporting.results import MAIN_METRIC_PRIORITY
+from pipeline.reporting.stats import ALPHA, holm, paired_delta, summarize
 
 ATTENTION_TYPES = ("encoder.self", "decoder.self", "decoder.cross")
 # Keyed by model.knockout.COUNTERPARTS' names and switches (the report imports no model code, so

@@ -30,7 +30,7 @@ import csv
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +123,11 @@ class RunFiles:
     point: str = ""  # a sweep run's place, "lr=0.01" or "scale=wide"; "" for the main runs
     round: int | None = None  # seeds until decided: the look that added the run (1: every variant's seeds)
 
+    def tags(self) -> dict[str, str]:
+        """What `mlflow ui` groups and filters its runs by."""
+        return {"variant": self.variant, "seed": str(self.seed), **({POINT_TAG: self.point} if self.point else {}),
+                **({"round": str(self.round)} if self.round is not None else {})}
+
     @property
     def name(self) -> str:
         return f"{self.variant}-{self.seed}" + (f" {self.point}" if self.point else "")
@@ -176,20 +181,20 @@ def _mirror(runs: list[RunFiles], report_dir: Path, experiment: str, data: RunDa
                 log.warning("report: MLflow run %s of %s is not in %s; mirrored from its files", run_id,
                             run.name, tracking_uri())
                 run_id = None
+            created = False
             if run_id is None:
                 digest = run.digest(data)
-                run_id = mirrored.get(digest) or create_run(client, exp_id, run, digest, data)
+                if (run_id := mirrored.get(digest)) is None:
+                    run_id, created = create_run(client, exp_id, run, digest, data), True
             else:
                 if (run.eval_dir / "eval.json").is_file():
                     log_evaluation(client, run_id, run.eval_dir, run.eval_step())
                 if data is not None:  # logging the same dataset again adds nothing
                     client.log_inputs(run_id, [data.entity()])
-            client.set_tag(run_id, "variant", run.variant)
-            client.set_tag(run_id, "seed", str(run.seed))
-            if run.point:
-                client.set_tag(run_id, POINT_TAG, run.point)
-            if run.round is not None:
-                client.set_tag(run_id, "round", str(run.round))
+            if not created:  # a run made here has them from its start
+                from mlflow.entities import RunTag
+
+                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run.tags().items()])
             current[(run.variant, str(run.seed), run.point)] = run_id
         except Exception as exc:  # noqa: BLE001 - e.g. a live run deleted or kept in another store
             log.warning("report: cannot link MLflow run %s of %s (%s)", run_id, run.name, type(exc).__name__)
@@ -267,21 +272,18 @@ def create_run(client, exp_id: str, run: RunFiles, digest: str, data: RunData | 
     stamp = int(train_json.stat().st_mtime * 1000)  # the curves carry steps, not times
     start, end = stage_times(train_json, train)
     run_id = client.create_run(exp_id, start_time=start, run_name=run.name, tags={
-        "variant": run.variant, "seed": str(run.seed), "stage": "train", DIGEST_TAG: digest,
-        **({POINT_TAG: run.point} if run.point else {}),
+        **run.tags(), "stage": "train", DIGEST_TAG: digest,
         "mirrored": "from the stage's files, by the report stage", **dvc_experiment()}).info.run_id
     config = json.loads((run.run_dir / "config.json").read_text())
     params = [Param(k, str(v)[:6000]) for k, v in flatten(config).items()]
-    for i in range(0, len(params), 100):
-        client.log_batch(run_id, params=params[i:i + 100])
     metrics = [Metric(key, float(row[key]), stamp, int(row["step"]))
                for name, keys in CURVES.items()
                for row in _rows(run.run_dir / name) for key in keys]
     metrics += [Metric(k, float(train[k]), stamp, int(train.get("steps") or 0))
                 for k in ("tokens_per_s", "mfu", "padding_ratio", "kept_step", "val_estimate_best")
                 if isinstance(train.get(k), (int, float))]
-    for i in range(0, len(metrics), 500):
-        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    for some_params, some_metrics in batches(params, metrics):
+        client.log_batch(run_id, metrics=some_metrics, params=some_params)
     for name in RUN_FILES:
         if (run.run_dir / name).is_file():
             client.log_artifact(run_id, str(run.run_dir / name))
@@ -293,6 +295,16 @@ def create_run(client, exp_id: str, run: RunFiles, digest: str, data: RunData | 
     return run_id
 
 
+def batches(params: list, metrics: list) -> Iterator[tuple[list, list]]:
+    """`params` and `metrics` in as few `log_batch` requests as MLflow takes (at most 100 params
+    and 1,000 values in all per request): each request is a database transaction."""
+    while params or metrics:
+        some_params, params = params[:100], params[100:]
+        room = 1000 - len(some_params)
+        yield some_params, metrics[:room]
+        metrics = metrics[room:]
+
+
 def log_evaluation(client, run_id: str, eval_dir: Path, step: int) -> None:
     """The evaluate stage's numbers and files, added to the training run.
 
@@ -302,7 +314,7 @@ def log_evaluation(client, run_id: str, eval_dir: Path, step: int) -> None:
     Timestamped with eval.json's modification time, so linking the same evaluation again adds
     nothing (MLflow drops a metric identical in key, value, step and timestamp).
     """
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, RunTag
 
     path = eval_dir / "eval.json"
     metrics = json.loads(path.read_text())
@@ -311,8 +323,7 @@ def log_evaluation(client, run_id: str, eval_dir: Path, step: int) -> None:
     values |= {f"outputs_{k}": v for k, v in (metrics.get("outputs") or {}).items() if isinstance(v, (int, float))}
     curves = {k for keys in CURVES.values() for k in keys}
     client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, step if k in curves else 0)
-                                      for k, v in sorted(values.items())])
-    client.set_tag(run_id, "evaluated", "true")
+                                      for k, v in sorted(values.items())], tags=[RunTag("evaluated", "true")])
     for name in EVAL_FILES:
         if (eval_dir / name).is_file():
             client.log_artifact(run_id, str(eval_dir / name))

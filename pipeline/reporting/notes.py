@@ -12,8 +12,8 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 
-from pipeline.reporting.render import Block, Paragraph
 from pipeline.reporting.formatting import MISSING, fmt_int
+from pipeline.reporting.render import Block, Paragraph
 
 DOC_OPTIONS = ("documents", "separator", "split_unit", "direction")  # the options that decide what an example is
 FLAG = "⚠"

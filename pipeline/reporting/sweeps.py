@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.reporting import plots
+from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_int, fmt_p, fmt_summary
 from pipeline.reporting.inputs import Run, load_run, number, values_by_seed
 from pipeline.reporting.render import Block, Figure, Heading, Paragraph, Table
-from pipeline.reporting.stats import ALPHA, Delta, higher_is_better, holm, paired_delta, summarize, verdict_for
-from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_int, fmt_p, fmt_summary
 from pipeline.reporting.results import DERIVED, MAIN_METRIC_PRIORITY
+from pipeline.reporting.stats import ALPHA, Delta, higher_is_better, holm, paired_delta, summarize, verdict_for
 from pipeline.tracking import point_label
 
 SELECTION_METRIC = "val_loss"  # the one number a learning rate is chosen by

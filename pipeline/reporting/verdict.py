@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.reporting.render import Block, Heading, Paragraph
 from pipeline.reporting.formatting import MISSING, arrow, fmt, fmt_p
+from pipeline.reporting.render import Block, Heading, Paragraph
 from pipeline.reporting.results import Results
 
 
