@@ -27,7 +27,7 @@ INPUTS = {"--runs": "data/runs", "--evals": "data/eval", "--filter-metrics": "da
           "--download-metrics": "data/metrics/download.json", "--raw": "data/raw", "--shards": "data/shards",
           "--params": "params.yaml"}  # dvc.yaml's report command
 WRITTEN = re.compile(r"report: wrote .* in ([0-9.]+) s")
-MIRROR = re.compile(r"report: MLflow's mirror of \d+ runs took ([0-9.]+) s more")
+MIRROR = re.compile(r"report: mirroring \d+ runs took ([0-9.]+) s more")
 
 
 def trial(code: Path, store: str, folder: Path) -> dict:

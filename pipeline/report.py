@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     mirror_runs(runs, args.out_dir, report.experiment, data, columns)
     mirror_knockouts(args.evals, report.baseline, inputs.study.knockout_seeds, report.experiment, data)
     if tracking_enabled():
-        log.info("report: MLflow's mirror of %d runs took %.1f s more", len(runs), time.monotonic() - written)
+        log.info("report: mirroring %d runs took %.1f s more", len(runs), time.monotonic() - written)
 
 if __name__ == "__main__":
     from pipeline.warm.exit import run_main
