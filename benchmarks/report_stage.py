@@ -1,6 +1,6 @@
 """The report stage's own cost, split as the stage logs it: the report written (read, tables,
 figures, HTML) and MLflow's mirror after it, with the store new (the stage makes MLflow's tables)
-or made ahead (as the grid launcher does beside the first stages: pipeline.tracking.make_store).
+or made ahead (as the grid launcher does beside the runs: pipeline.tracking.make_store).
 
 Run: python -m benchmarks.report_stage [--repeats 3] [--against CHECKOUT]
 Prints one JSON object. Each trial is one new process of `python -m pipeline.report`, cold, on the
@@ -73,8 +73,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for store in stores:
             for name, code in codes.items():
-                if name == "against" and store == "ahead" and not (code / "pipeline" / "tracking.py").read_text() \
-                        .count("--make-store"):
+                if name == "against" and store == "ahead" and \
+                        "--make-store" not in (code / "pipeline" / "tracking.py").read_text():
                     continue  # that checkout cannot make its store ahead
                 with tempfile.TemporaryDirectory(prefix="report-stage.") as tmp:
                     runs[name][store].append(trial(code, store, Path(tmp)))
