@@ -3,8 +3,9 @@ the facts about torch's own kernels that the tests no longer assert.
 
 Run: python -m benchmarks.cpu_numerics [--rounds 5] [--steps 30] [--threads 1 2]
 Prints one JSON object. The settings are read when torch starts, so every measurement is a new
-process (`--child`): its median AdamW step time at the default study's shape or seed S1's, in three
-modes run in a rotating order: pinned (what the stages run), pinned_mkl (pinned but torch's own MKL
+process (`--child`): its median AdamW step time at the default study's shape or seed S1's, in four
+modes run in a rotating order: pinned (what the stages run), pinned_whole (pinned, each product one
+call on one thread: not shared among torch's threads), pinned_mkl (pinned but torch's own MKL
 products and vector maths) and native (ABLATION_LAB_PIN_CPU=0). `facts` records, on this CPU, which
 settings change the bits of which kernels, torch's own and routed, and whether torch's norms give
 other weight gradients at 1 and 2 threads (docs/training-engine.md#the-same-bits-on-every-cpu).
@@ -43,7 +44,7 @@ def shape(name: str):
 SHAPES = ("default_encoder_decoder", "s1_tiny_shakespeare")
 
 
-MODES = ("pinned", "pinned_mkl", "native")
+MODES = ("pinned", "pinned_whole", "pinned_mkl", "native")
 
 
 def child(name: str, steps: int, threads: int, mode: str) -> None:
@@ -58,6 +59,8 @@ def child(name: str, steps: int, threads: int, mode: str) -> None:
     torch.set_num_threads(threads)
     if mode != "pinned_mkl":
         cpu_numerics.engage()  # as the stages do; nothing where ABLATION_LAB_PIN_CPU=0
+    if mode == "pinned_whole":  # each product one OpenBLAS call on one thread (before they were shared)
+        cpu_numerics.SHARE = 1 << 62
     torch.manual_seed(0)
     cfg, batch = shape(name)
     step = make_step(build_model(cfg).train(), batch, "cpu", torch.float32)
@@ -167,7 +170,7 @@ def main() -> None:
         for threads in args.threads:
             runs = {mode: [] for mode in MODES}
             for r in range(args.rounds):
-                for mode in MODES[r % 3:] + MODES[:r % 3]:
+                for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
                     runs[mode].append(measure(name, mode, args.steps, threads))
             ms = {mode: [round(m["step_ms"], 3) for m in got] for mode, got in runs.items()}
             median = {mode: statistics.median(v) for mode, v in ms.items()}
@@ -176,6 +179,7 @@ def main() -> None:
                 "matmul": {mode: got[0]["matmul"] for mode, got in runs.items()},
                 "pinned_over_native": round(median["pinned"] / median["native"], 4),
                 "pinned_over_pinned_mkl": round(median["pinned"] / median["pinned_mkl"], 4),
+                "pinned_over_pinned_whole": round(median["pinned"] / median["pinned_whole"], 4),
                 "pinned_mkl_over_native": round(median["pinned_mkl"] / median["native"], 4),
                 "per_round_ratio": [round(a / b, 4) for a, b in zip(ms["pinned"], ms["native"])]}
     result["facts"] = facts()

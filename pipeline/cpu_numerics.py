@@ -10,7 +10,8 @@ the last bits; 400 training steps amplify that into other weights. Two steps:
    - MKL_CBWR=AVX2,STRICT        MKL's reproducibility branch, for what of MKL is left (dropout's
                                  random bits, integer arithmetic)
    - OPENBLAS_CORETYPE=Haswell   the matrix products' kernel (step 2): OpenBLAS's AVX2 kernel, one
-     OPENBLAS_NUM_THREADS=1      thread (its threaded split changes the sums' order)
+     OPENBLAS_NUM_THREADS=1      thread a call (its threaded split changes the sums' order; torch's
+                                 threads share a product by whole rows instead: `shared_matmul`)
 2. `engage` (after torch is imported: the stages, the tests and the benchmarks call it) routes
    torch's CPU matrix products (mm, addmm, bmm, baddbmm) to numpy's OpenBLAS on that kernel and
    its square roots to numpy's (IEEE 754 rounds those correctly: any implementation, the same
@@ -40,6 +41,10 @@ SETTING = "ABLATION_LAB_PIN_CPU"
 PINNED = {"MKL_CBWR": "AVX2,STRICT", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
           "OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1"}
 FORCED = ("OPENBLAS_CORETYPE",)
+# Speed, not bits: a product's pieces (shared_matmul) run on Python threads beside torch's OpenMP
+# threads, which after each parallel region spin for GNU OpenMP's default 300,000 turns and so hold
+# the core the second piece needs (sharing then cost 1.2x at 2 threads instead of saving 0.75x).
+SPEED = {"GOMP_SPINCOUNT": "10000"}
 X86_64 = ("x86_64", "amd64")
 KERNEL = "Haswell"  # threadpoolctl's name for OpenBLAS's kernel in use
 ROUTED = ("mm", "addmm", "bmm", "baddbmm", "sqrt")  # torch's CPU kernels `engage` replaces (and their out=, sqrt_)
@@ -71,6 +76,8 @@ def pin(env=os.environ) -> None:
                 env[key] = value
             else:
                 env.setdefault(key, value)
+        for key, value in SPEED.items():
+            env.setdefault(key, value)
 
 
 def engage() -> bool:
@@ -134,8 +141,7 @@ def _register(torch):
         x, y = as_blas(a), as_blas(b)
         shape = (*a.shape[:-1], b.shape[-1])  # mm and bmm: no broadcasting (their batches are equal)
         out = torch.empty(shape, dtype=torch.float32 if a.dtype in half else a.dtype)
-        with np.errstate(all="ignore"):  # an overflow is torch's to report (a non-finite loss), as its own kernel
-            np.matmul(x, y, out=out.numpy())
+        shared_matmul(x, y, out.numpy(), torch.get_num_threads())
         return out if out.dtype == a.dtype else out.to(a.dtype)
 
     def scaled(self, a, b, beta, alpha):
@@ -179,6 +185,71 @@ def _register(torch):
             library.impl(f"{name}.out", into(fn), "CPU")
         library.impl("sqrt_", sqrt_, "CPU")
     return library
+
+
+# A product is shared among torch's threads in pieces of whole batches or of rows, each piece one
+# OpenBLAS call on one thread, so that two threads are not one (issue #59's 2.36x at 2 threads).
+# OpenBLAS's own threads would split the sums; rows do not: each element of C is still one dot
+# product over K, blocked in K by the library's fixed Q. But a row's bits move with its place in
+# the kernel's tiles (sgemm's are 24 rows: rows 60-63 of a 64-row call differ from a 128-row
+# call's), so pieces of rows start on multiples of ROWS and each is tiled as the whole call is
+# (tests/test_cpu_numerics.py checks the bits equal, shape by shape, and 64 as the control).
+ROWS = 48
+SHARE = 1 << 19  # multiply-adds a piece must hold: below, the hand-over to a thread costs what it saves
+_pool: dict = {}
+
+
+def pieces(x, y, threads: int) -> list[tuple[tuple, bool]]:
+    """How `x @ y` is shared: (index, batched) per piece, [] to run it whole in this thread. Whole
+    batches where there are enough; else blocks of ROWS rows, never a piece numpy would multiply
+    otherwise (a vector: gemv; x and y one array: syrk)."""
+    m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
+    batch = x.shape[0] if x.ndim == 3 else 1
+    want = min(threads, batch * m * k * n // SHARE)
+    if want < 2 or min(m, k, n) < 2:
+        return []
+    if batch > 1:
+        want = min(want, batch)
+        cuts = [batch * i // want for i in range(want + 1)]
+        return [((slice(a, b),), True) for a, b in zip(cuts, cuts[1:])]
+    blocks = m // ROWS  # the last piece takes the rows left over: a piece of one row would be gemv
+    want = min(want, blocks)
+    if want < 2 or x.__array_interface__["data"][0] == y.__array_interface__["data"][0]:
+        return []
+    cuts = [ROWS * (blocks * i // want) for i in range(want)] + [m]
+    return [((..., slice(a, b), slice(None)), False) for a, b in zip(cuts, cuts[1:])]
+
+
+def shared_matmul(x, y, out, threads: int) -> None:
+    """numpy.matmul(x, y, out=out) (2-d, or 3-d of equal batches) shared among `threads`: the bits
+    of one call whatever `threads` is."""
+    import numpy as np
+
+    def one(index: tuple, batched: bool) -> None:
+        with np.errstate(all="ignore"):  # an overflow is torch's to report (a non-finite loss), as its own kernel
+            np.matmul(x[index], y[index] if batched else y, out=out[index])
+
+    shares = pieces(x, y, threads)
+    if not shares:
+        return one((...,), True)
+    futures = [_workers(len(shares) - 1).submit(one, *share) for share in shares[1:]]
+    try:
+        one(*shares[0])
+    finally:
+        for future in futures:
+            future.result()
+
+
+def _workers(n: int):
+    """A pool of n threads for the pieces: one per process (a forked child gets its own) and size."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = (os.getpid(), n)
+    if _pool.get("key") != key:
+        if _pool.get("key", (None,))[0] == os.getpid():
+            _pool["executor"].shutdown(wait=False)
+        _pool.update(key=key, executor=ThreadPoolExecutor(n, thread_name_prefix="pinned-products"))
+    return _pool["executor"]
 
 
 def describe() -> dict:

@@ -126,7 +126,7 @@ def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: in
         return {"error": str(exc)}
     loops = {(r.variant, r.scale): r.seconds_per_run for r in rows}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    slowdown = (loop_slowdown(jobs, params.train.threads, cores, facts.get("pinned", False))
+    slowdown = (loop_slowdown(jobs, params.train.threads, cores)
                 if facts["device"].startswith("cpu") else 1.0)
     serial = study_stages(params, loops, costs)
     stages = study_stages(params, loops, costs, slowdown)

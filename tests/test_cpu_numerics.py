@@ -79,7 +79,7 @@ def trained(shards: Path, arch: str, tag: str, env: dict, threads: int = 1, rout
 def test_pin_sets_each_library_unless_turned_off_or_set_by_the_user():
     env = {"MKL_CBWR": "COMPATIBLE", "OPENBLAS_CORETYPE": "SkylakeX"}
     cpu_numerics.pin(env)
-    assert env == ({**cpu_numerics.PINNED, "MKL_CBWR": "COMPATIBLE"} if X86
+    assert env == ({**cpu_numerics.PINNED, **cpu_numerics.SPEED, "MKL_CBWR": "COMPATIBLE"} if X86
                    else {"MKL_CBWR": "COMPATIBLE", "OPENBLAS_CORETYPE": "SkylakeX"})
     off = {cpu_numerics.SETTING: "0"}
     cpu_numerics.pin(off)
@@ -115,6 +115,55 @@ def test_the_routed_kernels_are_numpys_openblas_and_ieee_square_roots():
     a.requires_grad_()
     (a @ b).sum().backward()
     assert torch.equal(a.grad, torch.from_numpy(np.ones((37, 23), np.float32) @ b.numpy().T))
+
+
+@pytest.mark.skipif(not X86, reason="x86-64 only")
+def test_a_product_shared_among_threads_has_the_bits_of_one_call(monkeypatch):
+    """Serial runs train at 2 threads, the grid's at 1: pieces of rows or batches, one OpenBLAS call
+    each (cpu_numerics.shared_matmul), must give what one call gives, for every row count about the
+    pieces' edges, sums over one K block and several, transposed operands (as autograd passes them)
+    and the default study's and S1's products; SHARE lowered so that the small ones are shared too."""
+    monkeypatch.setattr(cpu_numerics, "SHARE", 1)
+    rng = np.random.default_rng(0)
+
+    def check(x, y, threads):
+        one = np.matmul(x, y)
+        shared = np.empty_like(one)
+        cpu_numerics.shared_matmul(x, y, shared, threads)
+        return one.tobytes() == shared.tobytes()
+
+    def mat(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    rows = [*range(126, 131), 191, 192, 193, 255, 257, 1000, 1024, 4096]
+    split = 0
+    for m in rows:
+        for k, n in ((3, 2), (64, 256), (256, 64), (800, 33), (1537, 17)):
+            x, y = mat(m, k), mat(k, n)
+            assert check(x, y, 2) and check(x, y, 3) and check(x, y, 8), (m, k, n)
+            assert check(mat(k, m).T, mat(n, k).T, 2), ("transposed", m, k, n)
+            split += len(cpu_numerics.pieces(x, y, 3)) > 1
+    assert split == len(rows) * 5  # every one of them was shared
+    for b, m, k, n in ((64, 64, 16, 64), (64, 64, 64, 16), (128, 128, 32, 128), (3, 200, 40, 50), (1, 300, 20, 30)):
+        x, y = mat(b, m, k), mat(b, k, n)
+        assert check(x, y, 2) and check(x, y, 5), (b, m, k, n)
+    # what is not shared: a vector (numpy's gemv), one array times itself (syrk), one thread
+    x = mat(1024, 64)
+    assert cpu_numerics.pieces(x, mat(64, 1), 2) == [] and cpu_numerics.pieces(x, x.T, 2) == []
+    assert cpu_numerics.pieces(x, mat(64, 64), 1) == []
+    # and torch's products, routed, give the same at 1 and 2 threads
+    a, w = torch.randn(1024, 256), torch.randn(256, 1152)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = a @ w
+        torch.set_num_threads(2)
+        assert torch.equal(a @ w, alone)
+    finally:
+        torch.set_num_threads(before)
+    # the control: pieces cut off the kernel's 24-row tiles give other bits
+    monkeypatch.setattr(cpu_numerics, "ROWS", 64)
+    assert not check(mat(128, 64), mat(64, 256), 2)
 
 
 class _Ops(TorchDispatchMode):

@@ -62,7 +62,7 @@ def test_pinned_and_torchs_products_keep_their_own_peak(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_numerics, "engaged", lambda: False)
     assert cpu_peak_flops(tmp_path)[0] == 9e10
     keys = json.loads((tmp_path / "cpu_peak_flops.json").read_text())
-    assert sorted(k.rsplit("|", 1)[1] for k in keys) == ["pinned products", "torch's products"]
+    assert sorted(k.rsplit("|", 1)[1] for k in keys) == ["pinned products shared by rows", "torch's products"]
 
 
 def test_a_corrupt_cache_is_measured_again(tmp_path, monkeypatch):

@@ -10,8 +10,7 @@ plan an upper bound, for a cold one a lower bound). A train stage's fixed cost i
 its measured seconds (`stage_s`) less its run's measured loop; every other family's figure is its
 measured seconds per stage, work included (an evaluation's work depends on what the model
 generates), knockout taking evaluate's where no study timed one. On a CPU a loop runs max(1, jobs x
-threads / cores) times as long (pinned: max(1, jobs / cores)); the fixed costs, mostly one thread,
-do not. Seeds until decided: the rounds run one after another, a run decide.runs added in the round
+threads / cores) times as long; the fixed costs, mostly one thread, do not. Seeds until decided: the rounds run one after another, a run decide.runs added in the round
 of its look, each later round rerunning check_params and the report (rounds).
 """
 from __future__ import annotations
@@ -134,11 +133,11 @@ def fit_costs(folders: list[Path], warm: bool = False) -> StageCosts:
     return StageCosts(per_stage, train_fixed, sorted(used), warm, borrowed)
 
 
-def loop_slowdown(jobs: int, threads: int, cores: int, pinned: bool = False) -> float:
+def loop_slowdown(jobs: int, threads: int, cores: int) -> float:
     """How much longer a CPU training loop of `threads` threads (0: auto, every free core) takes
-    when `jobs` stages share `cores` cores. A pinned loop's products run on one thread whatever
-    `threads` says (pipeline/cpu_numerics.py; no faster at 2 threads), so it holds one core."""
-    return max(1.0, jobs * (1 if pinned else threads or cores) / cores)
+    when `jobs` stages share `cores` cores. Pinned or not: the pinned products are shared among
+    the loop's threads (pipeline/cpu_numerics.shared_matmul)."""
+    return max(1.0, jobs * (threads or cores) / cores)
 
 
 def study_stages(params: Params, loop_s: dict[tuple[str, str | None], float], costs: StageCosts,

@@ -187,9 +187,10 @@ def cpu_peak_flops(cache_dir: Path | None = None) -> tuple[float, str]:
     from pipeline import cpu_numerics
 
     threads = torch.get_num_threads()
-    # The pinned products (one OpenBLAS thread, AVX2) and torch's own have different peaks; one
+    # The pinned products (OpenBLAS's AVX2 kernel) and torch's own have different peaks; one
     # key for both let whichever process measured first (the cost plan, unpinned) set the other's.
-    products = "pinned products" if cpu_numerics.engaged() else "torch's products"
+    # (Before the pinned products were shared among threads, a pinned peak at 2 threads was 1's.)
+    products = "pinned products shared by rows" if cpu_numerics.engaged() else "torch's products"
     key = f"{platform.machine()}|{_cpu_model()}|torch {torch.__version__}|{threads} threads|{products}"
     path = Path(cache_dir or default_cache_dir()) / "cpu_peak_flops.json"
     try:
