@@ -10,8 +10,9 @@ plan an upper bound, for a cold one a lower bound). A train stage's fixed cost i
 its measured seconds (`stage_s`) less its run's measured loop; every other family's figure is its
 measured seconds per stage, work included (an evaluation's work depends on what the model
 generates), knockout taking evaluate's where no study timed one. On a CPU a loop runs max(1, jobs x
-threads / cores) times as long; the fixed costs, mostly one thread, do not. Seeds until decided: the rounds run one after another, a run decide.runs added in the round
-of its look, each later round rerunning check_params and the report (rounds).
+threads / cores) times as long; the fixed costs, mostly one thread, do not. Seeds until decided:
+the rounds run one after another, a run decide.runs added in the round of its look, each later
+round rerunning check_params and the report (rounds).
 """
 from __future__ import annotations
 
