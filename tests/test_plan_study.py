@@ -13,7 +13,7 @@ from pipeline import plan
 from pipeline.params import knockout_seeds, load_params
 from pipeline.planning import calibration, estimate, study
 from tests.committed import DEFAULT_PARAMS
-from tests.test_plan import REPORTS, ROOT, STUDY_TOLERANCE, fitted_without, write
+from tests.test_plan import REPORTS, ROOT, STUDY_TOLERANCE, fitted_without, known_gaps, write
 from tests.tiny_project import tiny_params
 
 
@@ -64,9 +64,7 @@ UNDER_PLANNED = {"cnn_dailymail_leak_cpu": "evaluation's decoding is not modelle
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("folder", [pytest.param(f, marks=pytest.mark.xfail(reason=UNDER_PLANNED[f.name], strict=True))
-                                    if f.name in UNDER_PLANNED else f for f in STUDIES],
-                         ids=[f.name for f in STUDIES])
+@pytest.mark.parametrize("folder", known_gaps(STUDIES, UNDER_PLANNED, lambda f: f.name), ids=[f.name for f in STUDIES])
 def test_study_wall_within_tolerance(folder):
     cal, peak = fitted_without(folder / "report.md")
     # The machine and kernels the study ran on: its runs' own peak (calibration.day_speed), for a
