@@ -193,8 +193,12 @@ class TransformerBase(nn.Module):
         # Reference path: run the full forward on everything fed so far.
         state.batch["history"] = torch.cat([state.batch["history"], tokens[:, None]], dim=1)
         state.step += 1
-        logits, _ = self(state.batch["src"], state.batch["history"])
-        return logits[:, -1]
+        return self._step_full(state.batch)[:, -1]
+
+    def _step_full(self, batch: dict[str, Tensor]) -> Tensor:
+        """Logits (B, T, V) of everything fed so far: the forward pass."""
+        logits, _ = self(batch["src"], batch["history"])
+        return logits
 
     def prompt_len(self, src: Tensor) -> int:
         """Positions taken before the first target token (decoder-only: the longest source)."""

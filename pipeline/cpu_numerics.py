@@ -51,7 +51,8 @@ ROUTED = ("mm", "addmm", "bmm", "baddbmm", "sqrt")  # torch's CPU kernels `engag
 _state: dict = {}
 # The CPU models a fresh clone's `bash run.sh` was checked on, identical to the committed study by
 # `python -m pipeline.reproduced` and every recorded model bit for bit (tests/model_bits.py).
-CHECKED_ON = ("Intel Xeon (family 6 model 207, AVX-512, under KVM)",)
+CHECKED_ON = ("Intel Xeon (family 6 model 207, AVX-512, under KVM)",
+              "AMD EPYC (family 25 model 1, AVX2, under KVM)")
 
 
 def has_avx2() -> bool:
@@ -96,13 +97,9 @@ def engage() -> bool:
 
     import numpy  # loads its OpenBLAS, which reads OPENBLAS_CORETYPE now
 
-    # numpy's own (scipy, once imported, brings another, which numpy's matmul does not use)
-    home = os.path.dirname(os.path.dirname(numpy.__file__))
-    blas = [i for i in threadpool_info() if i.get("internal_api") == "openblas"
-            and os.path.basename(os.path.dirname(i.get("filepath", ""))).startswith("numpy")
-            and i.get("filepath", "").startswith(home)]
-    _state["kernel"] = blas[0].get("architecture") if blas else None
-    _state["openblas"] = blas[0].get("version") if blas else None
+    blas = numpy_openblas(threadpool_info(), numpy.__file__)
+    _state["kernel"] = blas.get("architecture") if blas else None
+    _state["openblas"] = blas.get("version") if blas else None
     if _state["kernel"] != KERNEL:
         return False
     threadpool_limits(1, user_api="blas")
@@ -111,6 +108,28 @@ def engage() -> bool:
     model.exact.WRITTEN_OUT_ON.add("cpu")
     _state["engaged"] = True
     return True
+
+
+def numpy_openblas(libraries: list[dict], numpy_file: str) -> dict | None:
+    """numpy's own OpenBLAS among threadpoolctl's `libraries` (scipy, once imported, brings another,
+    which numpy's matmul does not use). Paths are compared resolved: in a virtual environment
+    reached through a link, numpy is named by the link and its library by the loader's real path
+    (a study run from such a checkout trained unpinned without a word before this)."""
+    home = os.path.realpath(os.path.dirname(os.path.dirname(numpy_file))) + os.sep
+    for lib in libraries:
+        path = os.path.realpath(lib.get("filepath") or "?")
+        if (lib.get("internal_api") == "openblas" and path.startswith(home)
+                and os.path.basename(os.path.dirname(path)).startswith("numpy")):
+            return lib
+    return None
+
+
+def unpinned_why() -> str | None:
+    """Why `engage` left a process that wanted pinning on torch's own products; None otherwise."""
+    if not wanted() or _state.get("engaged", True):
+        return None
+    return (f"numpy's OpenBLAS kernel is {_state.get('kernel') or 'not found'}, not {KERNEL} (numpy imported "
+            "before pipeline?): this run's bits are this machine's")
 
 
 def engaged() -> bool:
@@ -195,7 +214,10 @@ def _register(torch):
 # call's), so pieces of rows start on multiples of ROWS and each is tiled as the whole call is
 # (tests/test_cpu_numerics.py checks the bits equal, shape by shape, and 64 as the control).
 ROWS = 48
-SHARE = 1 << 19  # multiply-adds a piece must hold: below, the hand-over to a thread costs what it saves
+# Multiply-adds a product must hold to be shared: below, the hand-over to a thread costs what it
+# saves. At 1 << 19 the default study's products were shared and its train stage ran ~1.3x slower
+# than with each product whole (2026-11-29, interleaved runs); at 1 << 23 they run whole.
+SHARE = 1 << 23
 _pool: dict = {}
 
 

@@ -242,6 +242,8 @@ def _set_up_cpu(job: Job, threads: int, cluster) -> tuple[int, str]:
     cpu_numerics.engage()  # before the first forward: the CPU's matrix products on the pinned kernel
     if cluster.main:
         print(f"{job.variant}-{job.seed}: torch CPU threads {why}", flush=True)
+        if unpinned := cpu_numerics.unpinned_why():
+            print(f"{job.variant}-{job.seed}: CPU products NOT pinned: {unpinned}", flush=True)
     # Late in training, tiny gradients and Adam moments become denormal floats, which x86 CPUs
     # process many times slower; flushing them to zero changes no result worth a bit of loss.
     torch.set_flush_denormal(True)

@@ -241,3 +241,32 @@ def test_without_the_pinning_the_same_runs_differ(tiny_shards, arch):
     capped = trained(tiny_shards, arch, "off-capped", {**off, **CAPPED})
     assert (native[0], capped[0]) == ("AVX512", "AVX2")
     assert native[1] != capped[1]
+
+
+def test_numpy_s_openblas_is_found_through_a_linked_environment(tmp_path):
+    """A checkout whose .venv is a link to another (a worktree sharing one environment): numpy's
+    path names the link, the loader's the target; the kernel must still be found, not scipy's."""
+    real = tmp_path / "real" / "site-packages"
+    for folder in ("numpy", "numpy.libs", "scipy.libs"):
+        (real / folder).mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    numpy_file = str(tmp_path / "link" / "site-packages" / "numpy" / "__init__.py")
+    scipy = {"internal_api": "openblas", "filepath": str(real / "scipy.libs" / "libscipy_openblas.so")}
+    ours = {"internal_api": "openblas", "filepath": str(real / "numpy.libs" / "libscipy_openblas64_.so"),
+            "architecture": "Haswell"}
+    assert cpu_numerics.numpy_openblas([scipy, ours], numpy_file) is ours
+    # Compared as the paths are named, the library is not under numpy's folder: the kernel is lost.
+    assert not ours["filepath"].startswith(str(tmp_path / "link"))
+    assert cpu_numerics.numpy_openblas([scipy], numpy_file) is None
+    assert cpu_numerics.numpy_openblas([{"internal_api": "mkl", "filepath": ours["filepath"]}], numpy_file) is None
+
+
+def test_a_run_that_wanted_pinning_and_lost_it_is_told_why(monkeypatch):
+    monkeypatch.setattr(cpu_numerics, "wanted", lambda env=None: True)
+    monkeypatch.setattr(cpu_numerics, "_state", {"engaged": False, "kernel": "SkylakeX"})
+    assert "SkylakeX, not Haswell" in cpu_numerics.unpinned_why()
+    monkeypatch.setattr(cpu_numerics, "_state", {"engaged": True, "kernel": "Haswell"})
+    assert cpu_numerics.unpinned_why() is None
+    monkeypatch.setattr(cpu_numerics, "wanted", lambda env=None: False)  # ABLATION_LAB_PIN_CPU=0
+    monkeypatch.setattr(cpu_numerics, "_state", {"engaged": False})
+    assert cpu_numerics.unpinned_why() is None

@@ -47,6 +47,22 @@ def test_kv_cache_equals_full_recomputation(arch, positional, norm_position):
     torch.testing.assert_close(full_logits, logits, atol=1e-10, rtol=0)
 
 
+def test_future_only_decoding_is_the_forward_bit_for_bit_with_the_source_encoded_once():
+    """Seed 000's mask decodes by recomputation (a new token changes every earlier position): each
+    step's logits are the plain forward's, bit for bit in float32, with the encoder run once."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=V, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=2,
+                                    d_ff=32, dropout=0.1, max_len=24, decoder_mask="future_only")).eval()
+    src, calls = _src(), []
+    model.encoder.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        out, step_logits = decode_loop(model, src, 8, _greedy_pick, use_cache=False)
+        assert len(calls) == 1
+        fed = torch.cat([torch.full((3, 1), BOS), out], dim=1)
+        for t in range(out.shape[1]):
+            assert torch.equal(step_logits[:, t], model(src, fed[:, :t + 1])[0][:, -1])
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_beam_and_sampling_same_with_and_without_cache(arch):
     model = _model(arch, "rope")
