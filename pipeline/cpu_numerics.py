@@ -113,8 +113,7 @@ def engage() -> bool:
 def numpy_openblas(libraries: list[dict], numpy_file: str) -> dict | None:
     """numpy's own OpenBLAS among threadpoolctl's `libraries` (scipy, once imported, brings another,
     which numpy's matmul does not use). Paths are compared resolved: in a virtual environment
-    reached through a link, numpy is named by the link and its library by the loader's real path
-    (a study run from such a checkout trained unpinned without a word before this)."""
+    reached through a link, numpy is named by the link and its library by the loader's real path."""
     home = os.path.realpath(os.path.dirname(os.path.dirname(numpy_file))) + os.sep
     for lib in libraries:
         path = os.path.realpath(lib.get("filepath") or "?")
@@ -215,8 +214,7 @@ def _register(torch):
 # (tests/test_cpu_numerics.py checks the bits equal, shape by shape, and 64 as the control).
 ROWS = 48
 # Multiply-adds a product must hold to be shared: below, the hand-over to a thread costs what it
-# saves. At 1 << 19 the default study's products were shared and its train stage ran ~1.3x slower
-# than with each product whole (2026-11-29, interleaved runs); at 1 << 23 they run whole.
+# saves: the default study's small products, shared, made its train stage ~1.3x slower than whole.
 SHARE = 1 << 23
 _pool: dict = {}
 
