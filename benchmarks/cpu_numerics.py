@@ -1,14 +1,16 @@
 """What pinning the CPU kernels' code path (pipeline/cpu_numerics.py) costs a training step, and
 the facts about torch's own kernels that the tests no longer assert.
 
-Run: python -m benchmarks.cpu_numerics [--rounds 5] [--steps 30] [--threads 1 2]
+Run: python -m benchmarks.cpu_numerics [--rounds 5] [--steps 30] [--threads 1 2] [--parts 60]
 Prints one JSON object. The settings are read when torch starts, so every measurement is a new
 process (`--child`): its median AdamW step time at the default study's shape or seed S1's, in four
 modes run in a rotating order: pinned (what the stages run), pinned_whole (pinned, each product one
 call on one thread: not shared among torch's threads), pinned_mkl (pinned but torch's own MKL
-products and vector maths) and native (ABLATION_LAB_PIN_CPU=0). `facts` records, on this CPU, which
-settings change the bits of which kernels, torch's own and routed, and whether torch's norms give
-other weight gradients at 1 and 2 threads (docs/training-engine.md#the-same-bits-on-every-cpu).
+products and vector maths) and native (ABLATION_LAB_PIN_CPU=0). `parts` splits the pinned step's
+cost by what pinning changes (the routed products, the written-out attention, oneDNN off): one
+pinned process turns each off in turn, alternating step by step (PARTS). `facts` records, on this
+CPU, which settings change the bits of which kernels, torch's own and routed, and whether torch's
+norms give other weight gradients at 1 and 2 threads (docs/training-engine.md#the-same-bits-on-every-cpu).
 """
 from __future__ import annotations
 
@@ -72,6 +74,63 @@ def child(name: str, steps: int, threads: int, mode: str) -> None:
         step()
         times.append(time.perf_counter() - start)
     print(json.dumps({"step_ms": 1e3 * statistics.median(times), **cpu_numerics.describe()}))
+
+
+# What each part of the pinning costs, in one pinned process, the parts turned off and on between
+# steps (the machines' noise drifts over seconds: alternating step by step pairs the configurations).
+PARTS = {"pinned": (), "products_own": ("products",), "attention_fused": ("attention",),
+         "onednn_on": ("onednn",), "none": ("products", "attention", "onednn")}
+
+
+def parts_child(name: str, rounds: int, threads: int) -> None:
+    """Median step ms of each PARTS configuration: `none` is torch's own kernels with ATen at AVX2
+    (native, where the CPU's own ATen level is AVX2)."""
+    import time
+
+    import torch
+
+    import model.exact
+    from benchmarks.model_speed import make_step
+    from model import build_model
+    from pipeline import cpu_numerics
+
+    torch.set_num_threads(threads)
+    if not cpu_numerics.engage():
+        raise SystemExit("cpu_numerics: --parts needs the pinned kernels (an x86-64 CPU with AVX2)")
+    torch.manual_seed(0)
+    cfg, batch = shape(name)
+    step = make_step(build_model(cfg).train(), batch, "cpu", torch.float32)
+
+    def configure(off: tuple) -> None:
+        library = cpu_numerics._state.pop("library", None)
+        if library is not None:
+            library._destroy()
+        if "products" not in off:
+            cpu_numerics._state["library"] = cpu_numerics._register(torch)
+        (model.exact.WRITTEN_OUT_ON.discard if "attention" in off else model.exact.WRITTEN_OUT_ON.add)("cpu")
+        torch.backends.mkldnn.enabled = "onednn" in off
+
+    times = {part: [] for part in PARTS}
+    for _ in range(rounds):
+        for part, off in PARTS.items():
+            configure(off)
+            step()  # the first step after a switch pays it
+            start = time.perf_counter()
+            step()
+            times[part].append(time.perf_counter() - start)
+    configure(())
+    print(json.dumps({part: round(1e3 * statistics.median(t), 3) for part, t in times.items()}))
+
+
+def parts(name: str, rounds: int, threads: int) -> dict:
+    env = {**unpinned_env(), "ABLATION_LAB_PIN_CPU": "1"}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--parts", str(rounds),
+                          "--threads", str(threads)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    ms = json.loads(out.stdout.splitlines()[-1])
+    return {"step_ms": ms, "over_none": {part: round(v / ms["none"], 4) for part, v in ms.items()},
+            # each part's share of the pinned step: what turning it alone off saves
+            "saved_by_turning_off": {part: round(1 - ms[part] / ms["pinned"], 4) for part in PARTS
+                                     if part not in ("pinned", "none")}}
 
 
 def unpinned_env() -> dict:
@@ -156,8 +215,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--child", choices=SHAPES, help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, default="pinned", help=argparse.SUPPRESS)
+    p.add_argument("--parts", type=int, default=60, metavar="ROUNDS",
+                   help="rounds of the in-process parts comparison (PARTS), a step each; 0: skip it")
     args = p.parse_args()
     if args.child:
+        if "--parts" in sys.argv:
+            return parts_child(args.child, args.parts, args.threads[0])
         return child(args.child, args.steps, args.threads[0], args.mode)
     import torch
 
@@ -182,6 +245,8 @@ def main() -> None:
                 "pinned_over_pinned_whole": round(median["pinned"] / median["pinned_whole"], 4),
                 "pinned_mkl_over_native": round(median["pinned_mkl"] / median["native"], 4),
                 "per_round_ratio": [round(a / b, 4) for a, b in zip(ms["pinned"], ms["native"])]}
+            if args.parts:
+                result["shapes"][name][f"threads_{threads}"]["parts"] = parts(name, args.parts, threads)
     result["facts"] = facts()
     print(json.dumps(result, indent=2))
 

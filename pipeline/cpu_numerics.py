@@ -280,5 +280,19 @@ def describe() -> dict:
     engaged = _state.get("engaged", False)
     pinned = wanted() and settings == PINNED and engaged
     matmul = f"openblas {_state.get('openblas')} {_state.get('kernel')}, 1 thread" if engaged else "torch's own (MKL)"
+    why = {} if pinned else {"why": _why_not(settings)}  # the report names it (a lost pinning is not a choice)
     return {"pinned": pinned, "machine": platform.machine(), "aten_capability": torch.backends.cpu.get_cpu_capability(),
-            "matmul": matmul, **{key.lower(): value for key, value in settings.items()}}
+            "matmul": matmul, **{key.lower(): value for key, value in settings.items()}, **why}
+
+
+def _why_not(settings: dict) -> str:
+    """Why this process is not pinned, in words a user acts on."""
+    if os.environ.get(SETTING, "1") == "0":
+        return f"{SETTING}=0"
+    if platform.machine().lower() not in X86_64:
+        return f"{platform.machine()}: not x86-64"
+    if not has_avx2():
+        return "no AVX2 and FMA"
+    if not _state.get("engaged", False):
+        return unpinned_why() or "not engaged (pipeline.cpu_numerics.engage was not called)"
+    return "set otherwise: " + ", ".join(f"{k}={v}" for k, v in settings.items() if v != PINNED[k])

@@ -117,7 +117,8 @@ def study_row(folder: Path, root: Path) -> str:
         how = ("`dvc repro`" if jobs == 1 and not warm else
                f"{launcher} {'serial' if jobs == 1 else f'-j {jobs}'}, {'warm' if warm else 'cold'}"
                + (f", {len(run['rounds'])} rounds" if run.get("rounds") else ""))
-        wall = f"{_duration(run['wall_s'])} ({how}), {run['device']}, {run['cpu_count']} CPUs"
+        cpu = f", {run['cpu']}" if run.get("cpu") else ""  # the CPU's model; older run.json files do not name it
+        wall = f"{_duration(run['wall_s'])} ({how}), {run['device']}{cpu}, {run['cpu_count']} CPUs"
     # relative to the page, as a link in it must be
     link = f"[{folder.name}]({Path(os.path.relpath(folder / 'report.md', (root / PAGE).parent)).as_posix()})"
     runs = f"{len(variants)} × {len(params['seeds'])}"

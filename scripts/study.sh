@@ -39,11 +39,13 @@ rm -rf "$out.tmp" && mkdir -p "$out.tmp"
 cp -r reports/report.md reports/report.html reports/metrics.json reports/details.json reports/fingerprint.json reports/decisions.json reports/figures reports/curves params.yaml "$out.tmp/"
 python - "$out.tmp/run.json" "$scratch/stage_times.json" <<'PY'
 import json, os, platform, sys, torch
+from pipeline.training.device import _cpu_model
 path, times = sys.argv[1], json.load(open(sys.argv[2]))
 device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
 # stage_s: seconds per stage family, summed over its stages; with jobs > 1 they overlap (busy time).
 run = {"wall_s": round(times["total_s"]), "command": times["command"], "jobs": times["jobs"], "warm": times["warm"],
-       "cpu_count": os.cpu_count(), "device": device, "torch": torch.__version__, "stage_s": times["families"]}
+       "cpu_count": os.cpu_count(), "device": device, "cpu": _cpu_model(), "torch": torch.__version__,
+       "stage_s": times["families"]}
 if "rounds" in times:  # seeds until decided: each round's wall (its grid run) and stages
     run["rounds"] = times["rounds"]
 open(path, "w").write(json.dumps(run, indent=2) + "\n")

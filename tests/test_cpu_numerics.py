@@ -270,3 +270,24 @@ def test_a_run_that_wanted_pinning_and_lost_it_is_told_why(monkeypatch):
     monkeypatch.setattr(cpu_numerics, "wanted", lambda env=None: False)  # ABLATION_LAB_PIN_CPU=0
     monkeypatch.setattr(cpu_numerics, "_state", {"engaged": False})
     assert cpu_numerics.unpinned_why() is None
+
+
+def test_the_report_names_why_a_run_was_not_pinned(monkeypatch):
+    """train.json records why a run was not pinned and the report's line names it: a run that lost
+    its pinning unasked (multi30k_cpu's, through a linked venv) once read as if ABLATION_LAB_PIN_CPU=0."""
+    from pipeline.reporting.cost import numerics_note
+
+    monkeypatch.setattr(cpu_numerics, "wanted", lambda env=None: True)
+    monkeypatch.setattr(cpu_numerics, "_state", {"engaged": False, "kernel": "SkylakeX"})
+    lost = cpu_numerics.describe()
+    assert not lost["pinned"] and "SkylakeX, not Haswell" in lost["why"]
+    note = numerics_note([{"device": "cpu", "cpu_numerics": lost}])
+    assert "not pinned in 1 of 1" in note and "SkylakeX, not Haswell" in note
+    monkeypatch.setenv(cpu_numerics.SETTING, "0")
+    assert cpu_numerics.describe()["why"] == f"{cpu_numerics.SETTING}=0"
+    older = {k: v for k, v in lost.items() if k != "why"}  # a train.json from before the reason
+    assert "not recorded" in numerics_note([{"device": "cpu", "cpu_numerics": older}])
+    if X86:
+        monkeypatch.delenv(cpu_numerics.SETTING)
+        monkeypatch.setattr(cpu_numerics, "_state", {"engaged": True, "kernel": "Haswell"})
+        assert cpu_numerics.describe()["pinned"] and "why" not in cpu_numerics.describe()

@@ -79,3 +79,15 @@ def test_a_peak_measured_beside_other_processes_is_not_cached(tmp_path, monkeypa
     value, source = cpu_peak_flops(tmp_path)
     assert value == 3e10 and "not cached" in source
     assert not (tmp_path / "cpu_peak_flops.json").exists()
+
+
+def test_the_cpu_is_named_with_its_family_and_model(tmp_path):
+    """Under KVM an EPYC calls itself "AMD EPYC": the family and model tell a Zen 3 from a Zen 4
+    (run.json and the peak cache's key name the CPU by this)."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+                    "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: other\n")
+    assert device._cpu_model(str(info)) == "AMD EPYC (family 25 model 1)"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
+    assert device._cpu_model(str(info)) == "Some CPU"
+    assert device._cpu_model(str(tmp_path / "missing"))  # no /proc: the platform's word, never empty

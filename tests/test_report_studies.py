@@ -70,6 +70,10 @@ def test_the_wall_says_how_the_study_ran(tmp_path):
         run.write_text(json.dumps({"wall_s": 754, "cpu_count": 2, "device": "cpu", **fields}))
         report_studies.main(["--root", str(tmp_path)])
         assert f"12 min 34 s {said}, cpu, 2 CPUs" in page(tmp_path).read_text()
+    run.write_text(json.dumps({"wall_s": 754, "cpu_count": 2, "device": "cpu (x86_64)", "jobs": 1, "warm": True,
+                               "cpu": "AMD EPYC (family 25 model 1)"}))  # a run.json that names its CPU
+    report_studies.main(["--root", str(tmp_path)])
+    assert "warm), cpu (x86_64), AMD EPYC (family 25 model 1), 2 CPUs" in page(tmp_path).read_text()
 
 
 def test_check_fails_when_a_report_changed_and_the_page_did_not(tmp_path):

@@ -133,6 +133,9 @@ def numerics_note(trains: Sequence[dict]) -> str:
                 "x86-64 CPU with AVX2 and the same packages (constraints.txt), with any number of threads; "
                 "checked on the CPU models docs/training-engine.md names.")
     own = sorted({f"{n['machine']}, ATen {n['aten_capability']}" for n in seen if not n["pinned"]})
+    # train.json names why since the pinning could be lost unasked (a linked venv); older ones do not
+    why = sorted({n.get("why") or "ABLATION_LAB_PIN_CPU=0, not x86-64 with AVX2, or not recorded"
+                  for n in seen if not n["pinned"]})
     return (f"CPU numerics: not pinned in {sum(not n['pinned'] for n in seen)} of {len(seen)} CPU runs ("
-            f"{'; '.join(own)}; ABLATION_LAB_PIN_CPU=0 or not x86-64): their numbers are this machine's, and "
+            f"{'; '.join(own)}; why: {'; '.join(why)}): their numbers are this machine's, and "
             "another CPU model can move them in the last bits and, through training, beyond.")

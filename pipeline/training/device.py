@@ -224,11 +224,20 @@ def _machine_busy() -> bool:
         return False
 
 
-def _cpu_model() -> str:
+def _cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's name, with its family and model where Linux gives them: under a hypervisor the
+    name can be as bare as "AMD EPYC", which names no model (and the peak cache is keyed by it)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields: dict[str, str] = {}
+        for line in Path(cpuinfo).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's block is enough
+            fields.setdefault(key.strip(), value.strip())
+        if "model name" in fields:
+            numbers = f" (family {fields['cpu family']} model {fields['model']})" \
+                if "cpu family" in fields and "model" in fields else ""
+            return fields["model name"] + numbers
     except OSError:
         pass
     return platform.processor() or "unknown cpu"
