@@ -124,8 +124,9 @@ def parts_child(name: str, rounds: int, threads: int) -> None:
 
 def parts(name: str, rounds: int, threads: int) -> dict:
     env = {**unpinned_env(), "ABLATION_LAB_PIN_CPU": "1"}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--parts", str(rounds),
-                          "--threads", str(threads)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--mode", "parts",
+                          "--parts", str(rounds), "--threads", str(threads)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True)
     ms = json.loads(out.stdout.splitlines()[-1])
     return {"step_ms": ms, "over_none": {part: round(v / ms["none"], 4) for part, v in ms.items()},
             # each part's share of the pinned step: what turning it alone off saves
@@ -214,12 +215,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--child", choices=SHAPES, help=argparse.SUPPRESS)
-    p.add_argument("--mode", choices=MODES, default="pinned", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=(*MODES, "parts"), default="pinned", help=argparse.SUPPRESS)
     p.add_argument("--parts", type=int, default=60, metavar="ROUNDS",
                    help="rounds of the in-process parts comparison (PARTS), a step each; 0: skip it")
     args = p.parse_args()
     if args.child:
-        if "--parts" in sys.argv:
+        if args.mode == "parts":
             return parts_child(args.child, args.parts, args.threads[0])
         return child(args.child, args.steps, args.threads[0], args.mode)
     import torch
