@@ -147,7 +147,8 @@ def _register(torch):
 
     def as_blas(t):
         # a view BLAS takes as it is (one unit stride in the matrix, no zero stride), else a copy
-        t = t.detach()
+        if t.requires_grad:  # (detach only where numpy() needs it: each call is paid per product)
+            t = t.detach()
         if t.dtype in half:
             t = t.float()
         s = t.stride()
@@ -157,10 +158,11 @@ def _register(torch):
 
     def product(a, b):
         x, y = as_blas(a), as_blas(b)
+        wide = a.dtype in half
         shape = (*a.shape[:-1], b.shape[-1])  # mm and bmm: no broadcasting (their batches are equal)
-        out = torch.empty(shape, dtype=torch.float32 if a.dtype in half else a.dtype)
+        out = torch.empty(shape, dtype=torch.float32 if wide else a.dtype)
         shared_matmul(x, y, out.numpy(), torch.get_num_threads())
-        return out if out.dtype == a.dtype else out.to(a.dtype)
+        return out.to(a.dtype) if wide else out
 
     def scaled(self, a, b, beta, alpha):
         out = product(a, b)
@@ -249,9 +251,11 @@ def shared_matmul(x, y, out, threads: int) -> None:
         with np.errstate(all="ignore"):  # an overflow is torch's to report (a non-finite loss), as its own kernel
             np.matmul(x[index], y[index] if batched else y, out=out[index])
 
-    shares = pieces(x, y, threads)
-    if not shares:
-        return one((...,), True)
+    shares = pieces(x, y, threads) if threads > 1 else []
+    if not shares:  # most products: one call, without the views a piece takes
+        with np.errstate(all="ignore"):
+            np.matmul(x, y, out=out)
+        return
     futures = [_workers(len(shares) - 1).submit(one, *share) for share in shares[1:]]
     try:
         one(*shares[0])

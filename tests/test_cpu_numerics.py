@@ -176,6 +176,7 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.slow  # every recorded model trained a step under a dispatch mode: ~25 s
 @pytest.mark.skipif(not X86, reason="x86-64 only")
 def test_no_model_runs_an_op_whose_cpu_kernel_varies_between_cpus():
     """Every recorded model (tests/model_bits.py: every switch, the study, every preset's variants):

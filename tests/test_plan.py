@@ -235,7 +235,10 @@ def known_gaps(cases, gaps: dict[str, str], name=str) -> list:
 # tinystories_cpu reads +38% since the pinned reruns of 2026-11-29 (cnn_dailymail_leak_cpu's, then
 # cnn_dailymail_cpu's) joined the fit: the time model does not tell pinned kernels from torch's own
 # (tests/test_plan_study.py's PLAN_GAPS).
-DRIFTED = {"tinystories_cpu": "+38% since the pinned reruns of cnn_dailymail_leak_cpu and cnn_dailymail_cpu joined the fit"}
+# tiny_shakespeare_cpu's rerun (2026-11-30) ran -j 2: every run's wall was timed beside another run
+# (others' CPU ~50%), so none is left to check the time model on.
+DRIFTED = {"tinystories_cpu": "+38% since the pinned reruns of cnn_dailymail_leak_cpu and cnn_dailymail_cpu joined the fit",
+           "tiny_shakespeare_cpu": "its -j 2 rerun: every run timed beside another, no usable wall"}
 
 
 @pytest.mark.slow
