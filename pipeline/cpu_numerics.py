@@ -247,15 +247,16 @@ def shared_matmul(x, y, out, threads: int) -> None:
     of one call whatever `threads` is."""
     import numpy as np
 
-    def one(index: tuple, batched: bool) -> None:
+    shares = pieces(x, y, threads)
+    if not shares:  # most products: one call here, without a piece's views
         with np.errstate(all="ignore"):  # an overflow is torch's to report (a non-finite loss), as its own kernel
-            np.matmul(x[index], y[index] if batched else y, out=out[index])
-
-    shares = pieces(x, y, threads) if threads > 1 else []
-    if not shares:  # most products: one call, without the views a piece takes
-        with np.errstate(all="ignore"):
             np.matmul(x, y, out=out)
         return
+
+    def one(index: tuple, batched: bool) -> None:
+        with np.errstate(all="ignore"):
+            np.matmul(x[index], y[index] if batched else y, out=out[index])
+
     futures = [_workers(len(shares) - 1).submit(one, *share) for share in shares[1:]]
     try:
         one(*shares[0])
