@@ -6,8 +6,9 @@
 #                        each stage warm (pipeline/warm/; a plain `dvc repro` does too after its
 #                        first stage, pipeline/warm/auto.py), `--cold` for new processes
 #   bash run.sh test     set up .venv, then run the full CPU test suite (what CI runs)
-#   bash run.sh test quick   the quick tier (pytest --quick): every stage function and the model, in one
-#                        process, under 2 minutes on 2 cores; no DVC repro, kill, browser or multi-process test
+#   bash run.sh test quick   the quick tier (pytest --quick -n auto): every stage function and the model,
+#                        one pytest-xdist worker a core (each runs its tests in-process), under 2 minutes
+#                        on 2 cores; no DVC repro, kill, browser or multi-process test
 #   bash run.sh bench    set up .venv, then run the benchmarks (JSON on stdout)
 #   bash run.sh decide   set up .venv, then run rounds until every ablation is decided (params decide;
 #                        python -m pipeline.grid.decide): only open comparisons get more seeds
@@ -34,7 +35,8 @@ case "${1:-repro}" in
   setup) ;;
   repro) shift || true; python -m pipeline.grid "$@" ;;
   test) shift
-    if [ "${1:-}" = quick ]; then shift; set -- --quick "$@"; fi
+    # A test file's tests stay together on one worker (--dist loadfile): its module fixtures build once.
+    if [ "${1:-}" = quick ]; then shift; set -- --quick -n auto --dist loadfile "$@"; fi
     python -m pytest "$@" ;;
   bench) python -m benchmarks.model_speed && python -m benchmarks.train_loop ;;
   study) shift; bash scripts/study.sh "$@" ;;

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny versions of the real pipeline's data, made on the fly in tmp dirs."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -97,8 +98,10 @@ def _cold_stages():
         os.environ["ABLATION_LAB_WARM"] = old
 
 
-# The quick tier (`pytest --quick`, `bash run.sh test quick`): every test but these, in one process.
-QUICK = "not (slow or multiprocess or repro or kill or browser or gpu)"
+# The quick tier (`pytest --quick`; `bash run.sh test quick` on a pytest-xdist worker a core): every
+# test but these, each worker in its own process.
+OUT_OF_QUICK = ("slow", "multiprocess", "repro", "kill", "browser", "gpu")
+QUICK = f"not ({' or '.join(OUT_OF_QUICK)})"
 # What a test in it may not start (by executable name; os.fork too): our code or a tool of the study
 # in another process. A test that does is marked `multiprocess` (or `repro`, `kill`, `browser`).
 # Other tools the code under test calls now and then (git for a commit id, g++, fc-list) pass.
@@ -111,11 +114,35 @@ def pytest_addoption(parser):
                           "Python, shell, DVC or browser process, or forks, fails, naming the marker it needs")
 
 
+def _marked_out_of_quick(path: Path) -> bool:
+    """Whether the module's own `pytestmark` names a marker the quick tier leaves out (then every
+    test in it is): read from its source, so the tier does not import it."""
+    source = path.read_text(encoding="utf-8")
+    if "pytestmark" not in source:
+        return False
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets):
+            names = {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)
+                     and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
+            return bool(names & set(OUT_OF_QUICK))
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under --quick, a module marked out of the tier as a whole is not even imported: its imports
+    (MLflow, a browser driver, torch._dynamo) cost every worker seconds for tests it would deselect."""
+    if config.getoption("quick") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return True if _marked_out_of_quick(collection_path) else None
+    return None
+
+
 def pytest_configure(config):
     if not config.getoption("quick"):
         return
     asked = config.option.markexpr
     config.option.markexpr = f"({QUICK}) and ({asked})" if asked else QUICK
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # pytest-xdist's controller: it starts the workers and runs no test; each worker is guarded
 
     def refuse(what: str):
         raise RuntimeError(f"the quick tier starts no other process, and this test started {what}: "
