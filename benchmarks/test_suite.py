@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -25,6 +24,8 @@ import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
+
+from pipeline.training.device import _cpu_model as cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(r"=* ?(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<seconds>[0-9.]+)s")
@@ -62,7 +63,7 @@ def quick(rounds: int) -> dict:
     walls = {way: statistics.median(t["wall_s"] for t in trials[way]) for way in WAYS}
     return {"commands": {way: " ".join(c) for way, c in WAYS.items()}, "rounds": rounds,
             "median_wall_s": walls, "ratio": round(walls["workers"] / walls["one_process"], 3),
-            "tests": trials["workers"][0]["counts"], "trials": trials, "cpu": cpu(), "cores": os.cpu_count()}
+            "tests": trials["workers"][0]["counts"], "trials": trials, "cpu": cpu_model(), "cores": os.cpu_count()}
 
 
 def suite() -> dict:
@@ -73,7 +74,7 @@ def suite() -> dict:
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         result = timed(["bash", ".ci/run"], clone)
     return {"command": "bash .ci/run (a fresh clone, its install included in wall_s)", "commit": commit,
-            **result, "cpu": cpu(), "cores": os.cpu_count()}
+            **result, "cpu": cpu_model(), "cores": os.cpu_count()}
 
 
 def from_junit(path: Path, commit: str) -> dict:
@@ -93,16 +94,6 @@ def from_junit(path: Path, commit: str) -> dict:
     return {"command": "bash .ci/run (a fresh clone)", "commit": commit, "counts": dict(counts),
             "pytest_s": float(suite.get("time")), "browser_passed": browser, "started": suite.get("timestamp"),
             "from": f"{path.name} (JUnit XML)"}
-
-
-def cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -132,7 +132,7 @@ def pytest_ignore_collect(collection_path, config):
     """Under --quick, a module marked out of the tier as a whole is not even imported: its imports
     (MLflow, a browser driver, torch._dynamo) cost every worker seconds for tests it would deselect."""
     if config.getoption("quick") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return True if _marked_out_of_quick(collection_path) else None
+        return _marked_out_of_quick(collection_path) or None  # None: pytest's own rules decide
     return None
 
 

@@ -6,7 +6,7 @@ sees how often the training step is compiled over more than eight distinct batch
 of one example and one-token sides included: once, for every architecture.
 
 On CUDA, inductor adds guards of its own that a CPU build never reaches: the fused attention
-kernels' alignment (aligned_attention_counter below adds them the same way), which recompiled the
+kernels' alignment (AlignedAttentionCounter below adds them the same way), which recompiled the
 step at every source or target length that was, or was not, a multiple of 8 (three compilations of
 tests/test_gpu.py's run on an H200, torch 2.11).
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
+from torch.fx.experimental.symbolic_shapes import guard_or_false, sym_and
 
 from model import ModelConfig, build_model
 from model.config import ARCHS
@@ -39,44 +41,30 @@ def batch(rows: int, s: int, t: int, gen: torch.Generator) -> tuple:
     return src, tgt_in, tgt_out
 
 
-def compile_counter():
-    """torch's CompileCounter, imported here, not at the top: torch._dynamo costs ~2 s of every
-    collection, the quick tier's too, which runs none of these tests."""
-    from torch._dynamo.testing import CompileCounter
+class AlignedAttentionCounter(CompileCounter):
+    """A CompileCounter that first adds the guards inductor's CUDA lowering of the fused attention
+    adds (torch/_inductor/lowering.py sdpa_constraint -> ir.is_aligned_realized_tensor, torch 2.10+):
+    with a mask (the memory-efficient kernel) the mask's strides, without one (flash attention) the
+    per-query statistics (B, H, Lq), must be multiples of 8 elements. One guard per call, true or
+    false for the first batch; a batch that flips it compiles the step again, as on a GPU."""
 
-    return CompileCounter()
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_calls = 0
 
-
-def aligned_attention_counter():
-    from torch._dynamo.testing import CompileCounter
-    from torch.fx.experimental.symbolic_shapes import guard_or_false, sym_and
-
-    class AlignedAttentionCounter(CompileCounter):
-        """A CompileCounter that first adds the guards inductor's CUDA lowering of the fused attention
-        adds (torch/_inductor/lowering.py sdpa_constraint -> ir.is_aligned_realized_tensor, torch 2.10+):
-        with a mask (the memory-efficient kernel) the mask's strides, without one (flash attention) the
-        per-query statistics (B, H, Lq), must be multiples of 8 elements. One guard per call, true or
-        false for the first batch; a batch that flips it compiles the step again, as on a GPU."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.attention_calls = 0
-
-        def __call__(self, gm, example_inputs):
-            for node in gm.graph.nodes:
-                if node.target is not torch._C._nn.scaled_dot_product_attention:
-                    continue
-                self.attention_calls += 1
-                mask = node.kwargs.get("attn_mask")
-                if mask is not None:
-                    strides = mask.meta["example_value"].stride()[:-1]
-                else:
-                    _, heads, queries = node.args[0].meta["example_value"].shape[:3]
-                    strides = (heads * queries, queries)
-                guard_or_false(sym_and(*(s % 8 == 0 for s in strides)))
-            return super().__call__(gm, example_inputs)
-
-    return AlignedAttentionCounter()
+    def __call__(self, gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.target is not torch._C._nn.scaled_dot_product_attention:
+                continue
+            self.attention_calls += 1
+            mask = node.kwargs.get("attn_mask")
+            if mask is not None:
+                strides = mask.meta["example_value"].stride()[:-1]
+            else:
+                _, heads, queries = node.args[0].meta["example_value"].shape[:3]
+                strides = (heads * queries, queries)
+            guard_or_false(sym_and(*(s % 8 == 0 for s in strides)))
+        return super().__call__(gm, example_inputs)
 
 
 def model(arch: str) -> torch.nn.Module:
@@ -88,7 +76,7 @@ def model(arch: str) -> torch.nn.Module:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_training_step_compiles_once_over_many_batch_shapes(arch):
     torch._dynamo.reset()
-    net, counter = model(arch), compile_counter()
+    net, counter = model(arch), CompileCounter()
     step = compiled(net, torch.device("cpu"), dynamic=True, backend=counter)
     gen = torch.Generator().manual_seed(0)
     frames = []
@@ -106,7 +94,7 @@ def test_the_training_step_compiles_once_over_many_batch_shapes(arch):
 def test_without_the_padding_a_batch_of_one_example_compiles_again():
     """The bound above is the padding's doing: unpadded, sizes of 1 recompile."""
     torch._dynamo.reset()
-    net, counter = model("encoder_decoder"), compile_counter()
+    net, counter = model("encoder_decoder"), CompileCounter()
     step = compiled(net, torch.device("cpu"), dynamic=True, backend=counter)
     gen = torch.Generator().manual_seed(0)
     for shape in SHAPES:
@@ -120,7 +108,7 @@ def test_lengths_in_multiples_of_eight_keep_the_cuda_attention_guards_true(multi
     """The encoder-decoder's attention sees the source and target lengths; padded to multiples of
     8, every batch satisfies the alignment guards the first one set."""
     torch._dynamo.reset()
-    net, counter = model("encoder_decoder"), aligned_attention_counter()
+    net, counter = model("encoder_decoder"), AlignedAttentionCounter()
     step = compiled(net, torch.device("cpu"), dynamic=True, backend=counter)
     gen = torch.Generator().manual_seed(0)
     for shape in SHAPES + [(3, 8, 5), (2, 5, 16)]:  # a source, then a target, 8-aligned as they come
@@ -165,7 +153,7 @@ def test_a_compiled_training_run_compiles_its_step_once(tiny_shards, tmp_path, m
 
     monkeypatch.setenv("ABLATION_LAB_TRACKING", "0")
     torch._dynamo.reset()
-    counter, shapes, real_compile, real_pad = aligned_attention_counter(), set(), torch.compile, trainer.pad_for_compile
+    counter, shapes, real_compile, real_pad = AlignedAttentionCounter(), set(), torch.compile, trainer.pad_for_compile
     # The counter stands in for inductor, so inductor's own options (shape_padding) are not passed on.
     monkeypatch.setattr(trainer.torch, "compile", lambda m, options=None, **kw: real_compile(m, **{**kw, "backend": counter}))
 
