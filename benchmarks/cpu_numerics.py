@@ -2,15 +2,18 @@
 the facts about torch's own kernels that the tests no longer assert.
 
 Run: python -m benchmarks.cpu_numerics [--rounds 5] [--steps 30] [--threads 1 2] [--parts 60]
+                                       [--side-by-side 4]
 Prints one JSON object. The settings are read when torch starts, so every measurement is a new
 process (`--child`): its median AdamW step time at the default study's shape or seed S1's, in four
 modes run in a rotating order: pinned (what the stages run), pinned_whole (pinned, each product one
 call on one thread: not shared among torch's threads), pinned_mkl (pinned but torch's own MKL
 products and vector maths) and native (ABLATION_LAB_PIN_CPU=0). `parts` splits the pinned step's
 cost by what pinning changes (the routed products, the written-out attention, oneDNN off): one
-pinned process turns each off in turn, alternating step by step (PARTS). `facts` records, on this
-CPU, which settings change the bits of which kernels, torch's own and routed, and whether torch's
-norms give other weight gradients at 1 and 2 threads (docs/training-engine.md#the-same-bits-on-every-cpu).
+pinned process turns each off in turn, alternating step by step (PARTS). `side_by_side` times what
+`bash run.sh` runs: two processes at once, one thread each, both pinned or both native, the two
+ways alternating round by round. `facts` records, on this CPU, which settings change the bits of
+which kernels, torch's own and routed, and whether torch's norms give other weight gradients at 1
+and 2 threads (docs/training-engine.md#the-same-bits-on-every-cpu).
 """
 from __future__ import annotations
 
@@ -134,6 +137,28 @@ def parts(name: str, rounds: int, threads: int) -> dict:
                                      if part not in ("pinned", "none")}}
 
 
+def side_by_side(name: str, rounds: int, steps: int) -> dict:
+    """Two runs at once, one thread each, as `bash run.sh` trains (-j 2): pinned against native, the
+    order turned round by round. Each round's two step times (ms) per mode, and the median ratio."""
+    ms = {"pinned": [], "native": []}
+    for r in range(rounds):
+        for mode in ("pinned", "native")[::1 if r % 2 == 0 else -1]:
+            ms[mode].append(_pair(name, mode, steps))
+    median = {mode: statistics.median(x for pair in got for x in pair) for mode, got in ms.items()}
+    return {"step_ms": ms, "pinned_over_native": round(median["pinned"] / median["native"], 4)}
+
+
+def _pair(name: str, mode: str, steps: int) -> list[float]:
+    env = {**unpinned_env(), "ABLATION_LAB_PIN_CPU": "0" if mode == "native" else "1"}
+    command = [sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--steps", str(steps),
+               "--threads", "1", "--mode", mode]
+    children = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    out = [child.communicate()[0] for child in children]
+    if any(child.returncode for child in children):
+        raise SystemExit(f"cpu_numerics: a side-by-side {mode} child at {name} failed")
+    return [round(json.loads(text.splitlines()[-1])["step_ms"], 3) for text in out]
+
+
 def unpinned_env() -> dict:
     """This process's environment without the pinned settings, for a child to choose its own."""
     from pipeline.cpu_numerics import PINNED
@@ -218,6 +243,8 @@ def main() -> None:
     p.add_argument("--mode", choices=(*MODES, "parts"), default="pinned", help=argparse.SUPPRESS)
     p.add_argument("--parts", type=int, default=60, metavar="ROUNDS",
                    help="rounds of the in-process parts comparison (PARTS), a step each; 0: skip it")
+    p.add_argument("--side-by-side", type=int, default=4, metavar="ROUNDS",
+                   help="rounds of two runs at once, one thread each, pinned then native; 0: skip it")
     args = p.parse_args()
     if args.child:
         if args.mode == "parts":
@@ -248,6 +275,8 @@ def main() -> None:
                 "per_round_ratio": [round(a / b, 4) for a, b in zip(ms["pinned"], ms["native"])]}
             if args.parts:
                 result["shapes"][name][f"threads_{threads}"]["parts"] = parts(name, args.parts, threads)
+        if args.side_by_side:
+            result["shapes"][name]["side_by_side"] = side_by_side(name, args.side_by_side, args.steps)
     result["facts"] = facts()
     print(json.dumps(result, indent=2))
 
