@@ -149,9 +149,7 @@ def side_by_side(name: str, rounds: int, steps: int) -> dict:
 
 
 def _pair(name: str, mode: str, steps: int) -> list[float]:
-    env = {**unpinned_env(), "ABLATION_LAB_PIN_CPU": "0" if mode == "native" else "1"}
-    command = [sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--steps", str(steps),
-               "--threads", "1", "--mode", mode]
+    command, env = _child(name, mode, steps, 1)
     children = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     out = [child.communicate()[0] for child in children]
     if any(child.returncode for child in children):
@@ -166,12 +164,16 @@ def unpinned_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in PINNED}
 
 
+def _child(name: str, mode: str, steps: int, threads: int) -> tuple[list[str], dict]:
+    """The command and environment of one timed child process (`--child`) in `mode`."""
+    env = {**unpinned_env(), "ABLATION_LAB_PIN_CPU": "0" if mode == "native" else "1"}
+    return ([sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--steps", str(steps),
+             "--threads", str(threads), "--mode", mode], env)
+
+
 def measure(name: str, mode: str, steps: int, threads: int) -> dict:
-    env = unpinned_env()
-    env["ABLATION_LAB_PIN_CPU"] = "0" if mode == "native" else "1"
-    out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_numerics", "--child", name, "--steps", str(steps),
-                          "--threads", str(threads), "--mode", mode], cwd=ROOT, env=env, capture_output=True, text=True,
-                         check=True)
+    command, env = _child(name, mode, steps, threads)
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.splitlines()[-1])
 
 
