@@ -75,24 +75,39 @@ os.umask(0o077)
 '''
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A scratch package whose report stage is FAKE_STAGE, and a warm server started in it."""
-    root = tmp_path_factory.mktemp("warm")
+def scratch_server(root: Path, stages: dict[str, str], env: dict):
+    """A scratch package with `stages` (module name -> source) and a warm server started in it,
+    its shims in root/bin: (server process, socket path, the commands' environment, log file)."""
     (root / "pipeline" / "warm").mkdir(parents=True)
     for name in ("pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cpu_numerics.py",
                  *(str(p.relative_to(ROOT)) for p in (ROOT / "pipeline" / "warm").glob("*.py"))):
         shutil.copy(ROOT / name, root / name)
-    (root / "pipeline" / "report.py").write_text(FAKE_STAGE)
-    (root / "pipeline" / "train.py").write_text(SIDE_EFFECTS)
+    for name, source in stages.items():
+        (root / "pipeline" / f"{name}.py").write_text(source)
     path = str(root / "s")
-    env = {**os.environ, "PYTHONPATH": ""}
     log = open(root / "warm.log", "w")
-    proc = start_server(path, log, cwd=root, env=env, ready_s=120)  # its imports done: every command served
+    proc = start_server(path, log, cwd=root, env=env, ready_s=120)  # the data stages' imports done
     (root / "bin").mkdir()
     stages_path = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     write_shims(str(root / "bin"), path, stages_path)
-    env["PATH"] = f"{root / 'bin'}{os.pathsep}{stages_path}"
+    return proc, path, {**env, "PATH": f"{root / 'bin'}{os.pathsep}{stages_path}"}, log
+
+
+def wait_for_line(log: Path, text: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"no {text!r} in {log}: {log.read_text()}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A scratch package whose report stage is FAKE_STAGE, and a warm server started in it, every
+    import done (no command served early)."""
+    root = tmp_path_factory.mktemp("warm")
+    proc, path, env, log = scratch_server(root, {"report": FAKE_STAGE, "train": SIDE_EFFECTS},
+                                          {**os.environ, "PYTHONPATH": ""})
+    wait_for_line(root / "warm.log", "warm: ready")
     yield root, path, env
     stop_server(proc, path)
     log.close()
@@ -122,6 +137,51 @@ def test_a_stage_is_served_with_its_arguments_directory_environment_and_streams(
     assert str(server[0] / "bin") not in seen["path"]  # the stage sees PATH as it was
     assert err.strip() == "to stderr"
     assert "served pipeline.report" in (server[0] / "warm.log").read_text()
+
+
+# A module the main server imports (as it imports every stage) whose import lasts until a file is
+# there: the main server is still importing while the early one serves.
+SLOW_IMPORT = '''
+import os, time
+while not os.path.exists(os.environ["WARM_TEST_RELEASE"]):
+    time.sleep(0.02)
+'''
+
+
+@pytest.mark.multiprocess
+def test_the_data_stages_are_served_while_the_rest_is_still_importing(tmp_path):
+    """Once the data stages' imports are done, a fork of the server serves the data stages while
+    the server imports the rest; another stage's command waits for the server to be ready (rather
+    than import torch beside it), and the early server ends with its stages."""
+    release, root = tmp_path / "release", tmp_path / "pkg"
+    proc, path, env, log = scratch_server(root, {"download": FAKE_STAGE, "report": FAKE_STAGE, "train": SLOW_IMPORT},
+                                          {**os.environ, "PYTHONPATH": "", "WARM_TEST_RELEASE": str(release)})
+    try:
+        def served(stage: str) -> str:
+            run = subprocess.run(["python", "-m", "pipeline", stage, "echo", "0"], cwd=root, env=env, input="x\n",
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stderr
+            assert json.loads(run.stdout)["name"] == "__main__"
+            lines = [line for line in (root / "warm.log").read_text().splitlines()
+                     if line.startswith(f"warm: served pipeline.{stage} ")]
+            assert lines, (root / "warm.log").read_text()  # not run the ordinary way
+            return lines[-1]
+
+        waiting = subprocess.Popen(["python", "-m", "pipeline", "report", "echo", "0"], cwd=root, env=env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert served("download").endswith(", early")
+        time.sleep(0.5)
+        assert waiting.poll() is None and "warm: ready" not in (root / "warm.log").read_text()
+        release.touch()
+        out, err = waiting.communicate("x\n", timeout=120)
+        assert waiting.returncode == 0 and json.loads(out)["pid"] != waiting.pid, err  # served, not cold
+        log_text = (root / "warm.log").read_text()
+        assert re.search(r"warm: served pipeline.report .*, exit 0\n", log_text), log_text  # by the main server
+        wait_for_line(root / "warm.log", "warm: the early server took 2 command(s) and has ended")
+    finally:
+        release.touch()
+        stop_server(proc, path)
+        log.close()
 
 
 @pytest.mark.multiprocess

@@ -38,16 +38,25 @@ from pipeline.warm.shim import STAGES, fingerprint, limits, recv, send
 # ~1.3 s (an sqlite URI is the default). Our own modules are then forgotten.
 LATER = ("mlflow", "mlflow.tracking", "mlflow.entities", "mlflow.store.tracking.sqlalchemy_store", "sacrebleu",
          "sqlalchemy")
+# The shared data stages' imports (none of them torch's), imported first: a server forked from
+# here serves those stages while the rest loads (_serve_early), so that a study's first ~5 s of
+# stages do not run cold beside a server still importing torch and MLflow.
+EARLY = ("numpy", "pyarrow", "pipeline.check_params", "pipeline.download", "pipeline.filter", "pipeline.train_bpe",
+         "pipeline.encode", "pipeline.sources", "pipeline.io.progress", "pandas", "tqdm")
+# What the early server serves: another stage (torch's) would import torch beside the server's own
+# import of it, on the same cores, and start later than served by the server once it is ready.
+EARLY_STAGES = tuple(n for n in EARLY if n.startswith("pipeline.") and n.split(".")[1] in STAGES)
 # -- the server ---------------------------------------------------------------------------------
 
-def _warm_imports() -> set[str]:
-    """Import what the stages use; return the native threads NAMED_THREADS' imports started."""
+def _warm_imports(names) -> set[str]:
+    """Import `names`; return the native threads that NAMED_THREADS' imports among them started
+    (those imported first, one by one, so that each new thread is known)."""
     # Should an import ask torch whether CUDA is there, NVML answers: the CUDA driver's own answer
     # would start it in this process, and a forked child could then not use CUDA.
     before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     named, seen = set(), threads()
-    for name in NAMED_THREADS:
+    for name in [n for n in NAMED_THREADS if n in names]:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - not installed: nothing started
@@ -55,11 +64,25 @@ def _warm_imports() -> set[str]:
         now = threads()
         named |= now - seen
         seen = now
-    for name in [f"pipeline.{stage}" for stage in sorted(STAGES)] + list(LATER):
+    for name in [n for n in names if n not in NAMED_THREADS]:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - broken or missing: the stage imports it itself and says so
             pass
+    if before is None:
+        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+    else:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
+    return named
+
+
+def _all_imports() -> list[str]:
+    """What the stages use, after EARLY: scipy's pool first, then every stage and LATER."""
+    return [n for n in NAMED_THREADS if n not in EARLY] + [f"pipeline.{stage}" for stage in sorted(STAGES)] + list(LATER)
+
+
+def _forget_our_modules() -> None:
+    """Our own code is imported afresh by each stage (an edit made during a study is seen)."""
     try:  # rouge_score the way evaluate imports it (without nltk's package __init__)
         sys.modules["pipeline.scoring.metrics"].rouge_scorer_module()
     except Exception:  # noqa: BLE001
@@ -67,11 +90,6 @@ def _warm_imports() -> set[str]:
     for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "model")]:
         if name not in ("pipeline", "pipeline.warm", "pipeline.warm.server"):
             del sys.modules[name]
-    if before is None:
-        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
-    else:
-        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
-    return named
 
 
 def _cuda_in_a_fork(timeout_s: float = 120) -> bool:
@@ -108,7 +126,8 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
         print(f"warm: dvc (pid {watch}) has already ended; stopping", flush=True)
         return
     # Bound under another name now (a path the kernel refuses fails before the imports), renamed
-    # into place once they are done: a stage that comes sooner runs cold rather than wait.
+    # into place once the data stages' imports are done (a stage that comes sooner runs cold
+    # rather than wait): from then on a fork of this process serves while the rest loads.
     listener.bind(path + ".new")
     listener.listen(64)
     me = fingerprint(os.environ)  # before the imports, as a command sees it before its own
@@ -116,7 +135,11 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
     fresh = fresh_state()
     main_thread = threads()
     t0 = time.monotonic()
-    named = _warm_imports()
+    named = _warm_imports(EARLY)
+    early = _serve_early(listener, path, me, fresh, threads_not_forkable(main_thread, named),
+                         [fd for fd in (tie, pidfd) if fd is not None], t0)
+    named |= _warm_imports(_all_imports())
+    _forget_our_modules()
     gc.collect()
     gc.freeze()  # the imports' objects: never collected in a stage (fast collections, pages stay shared)
     rng = None
@@ -126,10 +149,15 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
     if not why_not and os.path.isdir("/proc/driver/nvidia/gpus") and not _cuda_in_a_fork():
         why_not = "a process forked from this one cannot use CUDA"
     serving = not why_not
+    if early is not None:
+        os.close(early[0])  # the early server stops taking stages: this one takes them from here
     if watch is not None and why_not:  # stages come by themselves: they run cold without asking
+        if early is not None:  # the stages it serves end with it: let them finish first
+            os.waitpid(early[1], 0)
         print(f"warm: not serving ({why_not}); stopping", flush=True)
         return
-    os.rename(path + ".new", path)
+    if early is None:
+        os.rename(path + ".new", path)
     print(f"warm: ready, {len(sys.modules)} modules imported in {time.monotonic() - t0:.1f} s, "
           f"{len(threads())} native thread(s) "
           f"({len(named)} named), {threading.active_count()} Python thread(s)"
@@ -172,6 +200,72 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
         conn.close()
 
 
+def _serve_early(listener: socket.socket, path: str, me: dict, fresh: dict, why_not: str, close: list[int],
+                 t0: float) -> tuple[int, int] | None:
+    """Fork a server that serves commands from what is imported now (the data stages' modules)
+    on the shared listener, and put the socket in place. It stops taking commands when the
+    returned descriptor is closed (this process ready) and exits when the stages it started have
+    ended; if this process dies first, it dies too, and its stages with it, as this one's would.
+    A stage that needs more (torch) imports it itself, as a new process would. (descriptor, pid);
+    None, and nothing forked, where forking now would not give a stage a new process's state."""
+    if why_not:
+        print(f"warm: no early serving ({why_not})", flush=True)
+        return None
+    gc.collect()
+    stop, keep = os.pipe()
+    server = os.getpid()
+    sys.stdout.flush()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(stop)
+        os.close(keep)
+        return None
+    if pid == 0:
+        try:
+            os.close(keep)
+            die_with_parent(signal.SIGKILL, server)
+            for fd in close:  # the launcher's lifeline and the watched pid are the main server's
+                os.close(fd)
+            _early_loop(listener, stop, me, fresh)
+        finally:
+            os._exit(0)
+    os.close(stop)
+    os.rename(path + ".new", path)
+    print(f"warm: serving early (pid {pid}), {len(sys.modules)} modules imported in "
+          f"{time.monotonic() - t0:.1f} s; importing the rest", flush=True)
+    return keep, pid
+
+
+def _early_loop(listener: socket.socket, stop: int, me: dict, fresh: dict) -> None:
+    """The early server: each command served as the main server serves it, until `stop` reads
+    end of file; then wait for the handlers it started (each tied to its command) and return."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the main server: only the commands get a Ctrl-C
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    gc.freeze()
+    me_pid, taken = os.getpid(), 0
+    while True:
+        ready, _, _ = select.select([listener, stop], [], [])
+        if stop in ready:
+            break
+        # Should the main server, ready in between, take this command first, accept waits for the
+        # next one and serves it (as any early command: correctly, if with fewer imports).
+        conn, _ = listener.accept()
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            _handle(conn, me, True, None, fresh, me_pid, "early", stop)  # never returns
+        taken += 1
+        conn.close()
+    listener.close()
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+    print(f"warm: the early server took {taken} command(s) and has ended", flush=True)
+
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -209,14 +303,20 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _handle(conn: socket.socket, me: dict, serving: bool, rng, fresh: dict, server: int) -> None:
-    """In a child per command: start the stage's process, pass on signals, report how it ended."""
+def _handle(conn: socket.socket, me: dict, serving: bool, rng, fresh: dict, server: int, by: str = "",
+            stop: int | None = None) -> None:
+    """In a child per command: start the stage's process, pass on signals, report how it ended
+    (`by`: which server, in the log line). Of the early server (`stop`: its stop pipe), only
+    EARLY_STAGES: a command for another waits here until the main server is ready, then asks it."""
     die_with_parent(signal.SIGKILL, server)  # a server killed takes its commands' stages with it
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        send(conn, {"serving": serving, "fingerprint": me})
-        _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+        send(conn, {"serving": serving, "fingerprint": me, **({"only": EARLY_STAGES} if stop is not None else {})})
+        message, fds, _, _ = socket.recv_fds(conn, 1, 3)
+        if message == b"W" and stop is not None:
+            select.select([stop], [], [])  # end of file: the main server ready (or gone)
+            os._exit(0)
         request = recv(conn)
     except (OSError, EOFError, ValueError):
         os._exit(0)  # the command runs itself
@@ -257,7 +357,8 @@ def _handle(conn: socket.socket, me: dict, serving: bool, rng, fresh: dict, serv
             select.select([conn, *ended], [], [], None if ended else 0.05)
     ended_as = f"signal {status['signal']}" if "signal" in status else f"exit {status['exit']}"
     # Logged before the command hears: once it exits, its line is in warm.log.
-    print(f"warm: served {request['module']} (pid {pid}) in {time.monotonic() - t0:.2f} s, {ended_as}", flush=True)
+    print(f"warm: served {request['module']} (pid {pid}) in {time.monotonic() - t0:.2f} s, {ended_as}"
+          + (f", {by}" if by else ""), flush=True)
     try:
         conn.setblocking(True)
         send(conn, status)

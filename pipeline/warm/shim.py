@@ -151,12 +151,22 @@ def shim(socket_path: str, same: str | None, server_python: str) -> None:
 
 def hand_over(path: str, command: tuple[str, list[str]], env: dict, executable: str) -> None:
     """Run the command in the server and exit as it did; return when it cannot be served exactly."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-        hello = recv(sock)  # waits while the server is still importing
-    except (OSError, EOFError, ValueError):
+    for _ in range(3):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            hello = recv(sock)
+            if command[0] in hello.get("only", command[:1]):
+                break
+            # The early server (server.py), while the server imports torch and the rest, serves the
+            # data stages only: the others wait until it is ready, then ask again.
+            sock.sendall(b"W")
+            sock.recv(1)  # end of file: the server ready, or gone
+        except (OSError, EOFError, ValueError):
+            sock.close()
+            return
         sock.close()
+    else:
         return
     mine = limits()
     theirs = hello.get("fingerprint", {})
