@@ -78,7 +78,8 @@ def _warm_imports(names) -> set[str]:
 
 def _all_imports() -> list[str]:
     """What the stages use, after EARLY: scipy's pool first, then every stage and LATER."""
-    return [n for n in NAMED_THREADS if n not in EARLY] + [f"pipeline.{stage}" for stage in sorted(STAGES)] + list(LATER)
+    stages = [f"pipeline.{stage}" for stage in sorted(STAGES)]
+    return [n for n in NAMED_THREADS if n not in EARLY] + stages + list(LATER)
 
 
 def _forget_our_modules() -> None:
@@ -169,6 +170,13 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
     server = os.getpid()
     if tie is not None:
         os.set_inheritable(tie, False)  # the server's alone, not a stage's subprocesses'
+    _serve_loop(listener, tie, pidfd, watch, idle_s, lambda conn: _handle(conn, me, serving, rng, fresh, server))
+
+
+def _serve_loop(listener: socket.socket, tie: int | None, pidfd: int | None, watch: int | None,
+                idle_s: float | None, handle) -> None:
+    """Accept commands, each handled (`handle`, never returning) in a child of its own, until `tie`
+    reads end of file, or the watched `dvc repro` ends, or nothing ran for `idle_s` (serve)."""
     waits = [listener] + [fd for fd in (tie, pidfd) if fd is not None]
     handlers: set[int] = set()
     last = time.monotonic()
@@ -194,7 +202,7 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
         pid = os.fork()
         if pid == 0:
             listener.close()
-            _handle(conn, me, serving, rng, fresh, server)  # never returns: the handler and the stage exit
+            handle(conn)  # never returns: the handler and the stage exit
         handlers.add(pid)
         last = time.monotonic()
         conn.close()
