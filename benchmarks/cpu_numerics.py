@@ -10,10 +10,12 @@ call on one thread: not shared among torch's threads), pinned_mkl (pinned but to
 products and vector maths) and native (ABLATION_LAB_PIN_CPU=0). `parts` splits the pinned step's
 cost by what pinning changes (the routed products, the written-out attention, oneDNN off): one
 pinned process turns each off in turn, alternating step by step (PARTS). `side_by_side` times what
-`bash run.sh` runs: two processes at once, one thread each, both pinned or both native, the two
-ways alternating round by round. `facts` records, on this CPU, which settings change the bits of
-which kernels, torch's own and routed, and whether torch's norms give other weight gradients at 1
-and 2 threads (docs/training-engine.md#the-same-bits-on-every-cpu).
+`bash run.sh` runs: two processes at once, one thread each, both pinned or both native, and each
+of those with glibc's own allocator thresholds (what pipeline/training/allocator.py saves), the
+ways taking turns round by round. Every child keeps freed memory as the train stage does unless
+told otherwise. `facts` records, on this CPU, which settings change the bits of which kernels,
+torch's own and routed, and whether torch's norms give other weight gradients at 1 and 2 threads
+(docs/training-engine.md#the-same-bits-on-every-cpu).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ MODES = ("pinned", "pinned_whole", "pinned_mkl", "native")
 
 
 def child(name: str, steps: int, threads: int, mode: str) -> None:
+    import resource
     import time
 
     import torch
@@ -60,8 +63,10 @@ def child(name: str, steps: int, threads: int, mode: str) -> None:
     from benchmarks.model_speed import make_step
     from model import build_model
     from pipeline import cpu_numerics
+    from pipeline.training.allocator import keep_freed_memory
 
     torch.set_num_threads(threads)
+    keep_freed_memory()  # as the train stage does (unless ABLATION_LAB_KEEP_FREED=0)
     if mode != "pinned_mkl":
         cpu_numerics.engage()  # as the stages do; nothing where ABLATION_LAB_PIN_CPU=0
     if mode == "pinned_whole":  # each product one OpenBLAS call on one thread (before they were shared)
@@ -72,11 +77,14 @@ def child(name: str, steps: int, threads: int, mode: str) -> None:
     for _ in range(5):
         step()
     times = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    print(json.dumps({"step_ms": 1e3 * statistics.median(times), **cpu_numerics.describe()}))
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
+    print(json.dumps({"step_ms": 1e3 * statistics.median(times), "page_faults_per_step": round(faults),
+                      **cpu_numerics.describe()}))
 
 
 # What each part of the pinning costs, in one pinned process, the parts turned off and on between
@@ -96,8 +104,10 @@ def parts_child(name: str, rounds: int, threads: int) -> None:
     from benchmarks.model_speed import make_step
     from model import build_model
     from pipeline import cpu_numerics
+    from pipeline.training.allocator import keep_freed_memory
 
     torch.set_num_threads(threads)
+    keep_freed_memory()  # as the train stage does
     if not cpu_numerics.engage():
         raise SystemExit("cpu_numerics: --parts needs the pinned kernels (an x86-64 CPU with AVX2)")
     torch.manual_seed(0)
@@ -137,24 +147,39 @@ def parts(name: str, rounds: int, threads: int) -> dict:
                                      if part not in ("pinned", "none")}}
 
 
+# Side by side, each mode also with glibc's own allocator behaviour (ABLATION_LAB_KEEP_FREED=0):
+# what keeping freed memory (pipeline/training/allocator.py) saves each.
+PAIRS = ("pinned", "native", "pinned_returned", "native_returned")
+
+
 def side_by_side(name: str, rounds: int, steps: int) -> dict:
-    """Two runs at once, one thread each, as `bash run.sh` trains (-j 2): pinned against native, the
-    order turned round by round. Each round's two step times (ms) per mode, and the median ratio."""
-    ms = {"pinned": [], "native": []}
+    """Two runs at once, one thread each, as `bash run.sh` trains (-j 2), in each of PAIRS, the
+    order turned round by round. Each round's two step times (ms) and page faults a step per
+    configuration, and the median ratios."""
+    ms = {mode: [] for mode in PAIRS}
+    faults = {mode: [] for mode in PAIRS}
     for r in range(rounds):
-        for mode in ("pinned", "native")[::1 if r % 2 == 0 else -1]:
-            ms[mode].append(_pair(name, mode, steps))
+        for mode in PAIRS[r % len(PAIRS):] + PAIRS[:r % len(PAIRS)]:
+            got = _pair(name, mode, steps)
+            ms[mode].append([g["step_ms"] for g in got])
+            faults[mode].append([g["page_faults_per_step"] for g in got])
     median = {mode: statistics.median(x for pair in got for x in pair) for mode, got in ms.items()}
-    return {"step_ms": ms, "pinned_over_native": round(median["pinned"] / median["native"], 4)}
+    return {"step_ms": ms, "page_faults_per_step": faults,
+            "pinned_over_native": round(median["pinned"] / median["native"], 4),
+            "allocator": {f"{mode}_kept_over_returned": round(median[mode] / median[f"{mode}_returned"], 4)
+                          for mode in ("pinned", "native")}}
 
 
-def _pair(name: str, mode: str, steps: int) -> list[float]:
-    command, env = _child(name, mode, steps, 1)
+def _pair(name: str, mode: str, steps: int) -> list[dict]:
+    kernels = mode.removesuffix("_returned")
+    command, env = _child(name, kernels, steps, 1)
+    env["ABLATION_LAB_KEEP_FREED"] = "0" if mode.endswith("_returned") else "1"
     children = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     out = [child.communicate()[0] for child in children]
     if any(child.returncode for child in children):
         raise SystemExit(f"cpu_numerics: a side-by-side {mode} child at {name} failed")
-    return [round(json.loads(text.splitlines()[-1])["step_ms"], 3) for text in out]
+    got = [json.loads(text.splitlines()[-1]) for text in out]
+    return [{"step_ms": round(g["step_ms"], 3), "page_faults_per_step": g["page_faults_per_step"]} for g in got]
 
 
 def unpinned_env() -> dict:

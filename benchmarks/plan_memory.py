@@ -29,8 +29,10 @@ from model import build_model
 from pipeline import cpu_numerics
 from pipeline.params import load_params, model_config, resolve_variant
 from pipeline.planning.estimate import tokenizer_ids
+from pipeline.training.allocator import keep_freed_memory
 from pipeline.training.optim import make_optimizer
 torch.set_num_threads(1)
+keep_freed_memory()  # freed memory kept for the next step, as the stages keep it
 cpu_numerics.engage()  # the kernels the stages run (pipeline/cpu_numerics.py)
 params = load_params(sys.argv[1])
 resolved = resolve_variant(params, params.report.baseline)
@@ -59,10 +61,12 @@ print(json.dumps({"measured_bytes": peak - before}))
 
 def planned(preset: Path) -> dict:
     from pipeline.params import load_params
+    from pipeline.planning.calibration import Calibration
     from pipeline.planning.estimate import plan
 
     params = load_params(preset)
-    rows, _ = plan(params, None, "cpu", 1.0, 1.0, 0.0, 0)
+    untimed = Calibration(mfu=1.0, sublayer_s=0.0, bytes_per_s=float("inf"), runs=0, source="memory only")
+    rows, _ = plan(params, None, "cpu", 1.0, untimed, 0)
     return next(r for r in rows if r.variant == params.report.baseline).memory
 
 

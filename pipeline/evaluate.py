@@ -48,7 +48,6 @@ import torch
 import torch.nn.functional as F
 
 from model.generate import decode_loop, next_token_picker
-from pipeline import cpu_numerics
 from pipeline.io.atomic import atomic_path
 from pipeline.io.progress import Progress
 from pipeline.params import EvaluateParams, ParamsError, load_params, stage_error
@@ -60,7 +59,7 @@ from pipeline.training import trainer
 from pipeline.training.batching import Split, collate, load_split, load_texts, read_manifest
 from pipeline.training.batching import lm_stream as training_stream
 from pipeline.training.checkpoint import LAST_MODEL
-from pipeline.training.device import choose_threads, recorded_slots, resolve_device
+from pipeline.training.device import recorded_slots, resolve_device, set_up_cpu
 from pipeline.training.gpu_lock import claimed
 
 # The LM attention map: the first tokens of a validation document (at most context / 2); a
@@ -390,9 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         params = load_params(args.params)
         # Batch shapes come from the variant's own resolved training settings (written by train).
         t = run_settings(Path(args.run))
-        torch.set_num_threads(choose_threads(t.threads)[0])
-        torch.set_flush_denormal(True)  # as in training: denormals are slow on CPUs
-        cpu_numerics.engage()  # the kernels training ran on (pipeline/cpu_numerics.py)
+        set_up_cpu(t.threads)  # the threads, kernels and allocator training ran with
         metrics = evaluate(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
                            params.evaluate, t.batch_tokens, t.context, t.batch_size,
                            resolve_device(t.device, slots=recorded_slots(Path(args.run))))

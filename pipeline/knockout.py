@@ -241,16 +241,11 @@ def main(argv: list[str] | None = None) -> None:
             write_off(Path(args.out), args.seed, f"knockout.seeds is {params.knockout.seeds!r}: not this seed")
             print(f"knockout@{args.seed}: off (knockout.seeds: {params.knockout.seeds})")
             return
-        import torch
-
-        from pipeline import cpu_numerics
         from pipeline.scoring.run_files import run_settings
-        from pipeline.training.device import choose_threads, recorded_slots, resolve_device
+        from pipeline.training.device import recorded_slots, resolve_device, set_up_cpu
 
         t = run_settings(Path(args.run))  # the shapes and device the run trained with, as evaluate
-        torch.set_num_threads(choose_threads(t.threads)[0])
-        torch.set_flush_denormal(True)
-        cpu_numerics.engage()  # the kernels training ran on (pipeline/cpu_numerics.py)
+        set_up_cpu(t.threads)  # the threads, kernels and allocator training ran with
         summary = run_knockouts(Path(args.shards), Path(args.tokenizer), Path(args.run), Path(args.out),
                                 params.knockout, params.evaluate, t.context, t.batch_size,
                                 resolve_device(t.device, slots=recorded_slots(Path(args.run))), started_at=STARTED_AT)

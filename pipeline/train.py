@@ -30,7 +30,7 @@ from pipeline.training import trainer
 from pipeline.training.batching import lm_token_file, load_split, read_manifest
 from pipeline.training.checkpoint import LAST_MODEL, config_hash, save_torch, source_hash
 from pipeline.training.device import (
-    _other_running_processes, choose_threads, grid_share, join_cluster, leave_cluster, peak_flops, resolve_device,
+    _other_running_processes, grid_share, join_cluster, leave_cluster, peak_flops, resolve_device, set_up_cpu,
 )
 
 # The code a checkpoint is only valid for: the model and the train stage's own modules (its DVC deps).
@@ -237,16 +237,11 @@ def _diverged(job: Job, exc: Exception, cluster) -> dict:
 
 def _set_up_cpu(job: Job, threads: int, cluster) -> tuple[int, str]:
     """Set torch's CPU threads (train.threads) and kernels before the first forward; (threads, why)."""
-    threads, why = choose_threads(threads)
-    torch.set_num_threads(threads)
-    cpu_numerics.engage()  # before the first forward: the CPU's matrix products on the pinned kernel
+    threads, why = set_up_cpu(threads)
     if cluster.main:
         print(f"{job.variant}-{job.seed}: torch CPU threads {why}", flush=True)
         if unpinned := cpu_numerics.unpinned_why():
             print(f"{job.variant}-{job.seed}: CPU products NOT pinned: {unpinned}", flush=True)
-    # Late in training, tiny gradients and Adam moments become denormal floats, which x86 CPUs
-    # process many times slower; flushing them to zero changes no result worth a bit of loss.
-    torch.set_flush_denormal(True)
     return threads, why
 
 

@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pipeline import cpu_numerics
 from pipeline.params import default_cache_dir
+from pipeline.training.allocator import keep_freed_memory
 from pipeline.training.gpu_lock import (Claim, claim_gpu, estimated_run_bytes, gpu_slots, torchrun_claim,
                                         torchrun_rank)
 
@@ -264,6 +266,21 @@ def grid_share() -> int | None:
     """The cores the grid launcher gave each of the stages it runs side by side (None outside it)."""
     value = os.environ.get(THREADS_ENV, "")
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def set_up_cpu(requested: int) -> tuple[int, str]:
+    """What a stage that runs the model does before its first forward: torch's CPU threads
+    (choose_threads), freed memory kept for the next batch (allocator.py), the pinned kernels
+    (pipeline/cpu_numerics.py), and denormal floats flushed to zero. (threads, why)
+
+    Late in training, tiny gradients and Adam moments become denormal floats, which x86 CPUs
+    process many times slower; flushing them to zero changes no result worth a bit of loss."""
+    threads, why = choose_threads(requested)
+    torch.set_num_threads(threads)
+    keep_freed_memory()
+    cpu_numerics.engage()
+    torch.set_flush_denormal(True)
+    return threads, why
 
 
 def choose_threads(requested: int, cores: int | None = None, busy: int | None = None) -> tuple[int, str]:
