@@ -3,7 +3,6 @@ train stage sets itself up reuses its freed pages, where glibc alone hands them 
 them in again every step."""
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ import sys
 
 import pytest
 
+from pipeline.training.allocator import _glibc
 from tests.tiny_project import ROOT
 
 pytestmark = pytest.mark.multiprocess  # the allocator's thresholds are per process: each case its own
@@ -43,20 +43,12 @@ def later_steps_faults(keep: str) -> list[int]:
     return json.loads(out.stdout.splitlines()[-1])[2:]
 
 
-def _glibc() -> bool:
-    try:
-        ctypes.CDLL(None).gnu_get_libc_version
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
-@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+@pytest.mark.skipif(_glibc() is None, reason="glibc's malloc only")
 def test_a_stage_reuses_the_pages_its_last_step_freed():
     assert sum(later_steps_faults("1")) < PAGES // 10  # over four steps
 
 
-@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+@pytest.mark.skipif(_glibc() is None, reason="glibc's malloc only")
 def test_without_it_every_step_faults_its_pages_in_again():
     # the control: glibc's own thresholds hand the freed blocks back (the setting turned off)
     assert min(later_steps_faults("0")) >= PAGES
