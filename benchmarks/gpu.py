@@ -1,13 +1,13 @@
 """The whole GPU path in one run, one JSON (`bash run.sh gpu`), that reports even when cut short.
 
-Parts run in order, each a child process whose output streams to PART.log beside the JSON: spread,
-recipe, study (cold), study_warm, bench (benchmarks/gpu_bench.py), tests (the `gpu` marker), seed;
-the default is study, study_warm, bench, tests. What each measures: docs/gpu.md#running-it. A
-study's clock runs from the grid launcher's start to report.md written; the scratch project's
-set-up before it is its own figure (PART_setup_s). A part past its limit (--limits) or the deadline
-(--deadline) is killed with its whole process tree. The JSON is rewritten atomically before and
-after each part, so a run stopped at any point leaves what it measured; the study outputs go to
-studies.tar.gz beside it.
+Parts run in the order --parts names them, each a child process whose output streams to PART.log
+beside the JSON: spread, recipe, study (cold), study_warm, bench (benchmarks/gpu_bench.py), tests
+(the `gpu` marker), seed; the default is study, study_warm, bench, tests. What each measures:
+docs/gpu.md#running-it. A study's clock runs from the grid launcher's start to report.md written;
+the scratch project's set-up before it is its own figure (PART_setup_s). A part past its limit
+(--limits) or the deadline (--deadline) is killed with its whole process tree. The JSON is
+rewritten atomically before and after each part, so a run stopped at any point leaves what it
+measured; the study outputs go to studies.tar.gz beside it.
 
 Run: python -m benchmarks.gpu [--out gpu.json] [--parts tests,bench] [--limits tests=60,bench=110]
 Without CUDA it prints one line and exits 0.
@@ -41,10 +41,10 @@ STUDY_PARTS = {"spread": (gpu_spread.NAME, "", gpu_spread.NAME),  # a generated 
                "study": ("nanogpt_shakespeare_char", "--cold", "nanogpt_shakespeare_char"),
                "study_warm": ("nanogpt_shakespeare_char", "--warm", "nanogpt_shakespeare_char_warm"),
                "seed": ("tiny_shakespeare", "", "tiny_shakespeare")}
-# Seconds per part, in run order, and for all parts: with set-up and start-up `bash run.sh gpu`
-# stays under 9 minutes, inside a 15-minute device window; the tests go last, so a cut log still
-# says which passed. Measured: spread ~492 s (a call of its own: GPU_ARGS="--parts spread"), study
-# ~105 s cold and ~93 s warm, tests ~120 s; bench did not fit 180 s with 7 compiled graphs (now 6).
+# Seconds per part, in the default order, and for all parts: with set-up and start-up `bash run.sh
+# gpu` stays under 9 minutes, inside a 15-minute device window; the tests go last, so a cut log
+# still says which passed. Measured (runs 8, 12-14): spread ~492 s (a call of its own), study ~78 s
+# cold and ~69 s warm, bench ~122 s, tests 72-97 s, seed ~105 s.
 LIMITS = {"spread": 500, "recipe": 200, "study": 110, "study_warm": 100, "bench": 160, "tests": 130, "seed": 150}
 DEFAULT_PARTS = ("study", "study_warm", "bench", "tests")
 DEADLINE_S = 500
@@ -305,6 +305,16 @@ def gpu_parts(scratch: Path, args) -> list[Part]:
     return [parts[name] for name in LIMITS]
 
 
+def named_parts(spec: str) -> list[str]:
+    """--parts as a list in the order named, each once: a short device window runs first what it most
+    needs measured."""
+    wanted = list(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+    unknown = sorted(set(wanted) - set(LIMITS))
+    if unknown:
+        raise SystemExit(f"gpu: --parts: unknown part(s) {', '.join(unknown)} (known: {', '.join(LIMITS)})")
+    return wanted
+
+
 def spread_part_figures(study: Callable[[str], dict], tmp: Path) -> Callable[[str], dict]:
     """The study's clocks and the spread's statistics, read from its scratch project also when the
     part was cut."""
@@ -360,7 +370,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "gpu.json", help="the JSON; logs go beside it")
     p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
-                   help=f"comma-separated, from {', '.join(LIMITS)} (run in that order; default {','.join(DEFAULT_PARTS)})")
+                   help=f"comma-separated, from {', '.join(LIMITS)}, run in the order named (default {','.join(DEFAULT_PARTS)})")
     p.add_argument("--limits", default="", help="NAME=SECONDS,... per part (default " +
                    ",".join(f"{k}={v}" for k, v in LIMITS.items()) + ")")
     p.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds for all parts together")
@@ -377,17 +387,15 @@ def main() -> None:
         print(f"gpu: no CUDA device visible to torch {torch.__version__}; nothing run")
         return
     limits = parse_limits(args.limits)
-    wanted = [n.strip() for n in args.parts.split(",") if n.strip()]
-    unknown = sorted(set(wanted) - set(LIMITS))
-    if unknown:
-        raise SystemExit(f"gpu: --parts: unknown part(s) {', '.join(unknown)} (known: {', '.join(LIMITS)})")
+    wanted = named_parts(args.parts)
     out = args.out.resolve()
     base = {"environment": environment(),
             "setup": {"wall_s": args.setup_s, "exit_code": args.setup_exit, "log": "setup.log"},
             "figures": {"setup_s": args.setup_s} if args.setup_s is not None else {}}
     with tempfile.TemporaryDirectory(prefix="gpu-run-") as tmp:
         scratch = Path(tmp)
-        parts = [part for part in gpu_parts(scratch, args) if part.name in wanted]
+        by_name = {part.name: part for part in gpu_parts(scratch, args)}
+        parts = [by_name[name] for name in wanted]
 
         def after(name: str) -> None:
             if name in STUDY_PARTS:

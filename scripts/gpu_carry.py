@@ -28,14 +28,21 @@ from pipeline.sources.tiny_shakespeare import BASE_URL  # noqa: E402
 PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_28_x86_64", "manylinux_2_34_x86_64"]
 NEVER_CARRIED = {"torch", "triton"}  # the image's CUDA torch is the point; a carried one would be gigabytes
+# Never imported by a GPU part, and the call's working tree (the repository, the wheels, the corpus)
+# must stay within 64 MiB: ROUGE (summarization presets only), MLflow's server and model flavours
+# (the runs are mirrored through its client and sqlite store, which import none of them).
+NOT_NEEDED = {"rouge-score", "nltk", "docker", "skops", "graphene", "graphql-core", "graphql-relay", "huey",
+              "gunicorn"}
+TRAVEL_LIMIT_MIB = 64
 
 
-def closure(roots: list[str]) -> set[str]:
-    """Canonical names of `roots` and everything they require (this interpreter's markers, no extras)."""
+def closure(roots: list[str], skip: frozenset[str] = frozenset()) -> set[str]:
+    """Canonical names of `roots` and everything they require (this interpreter's markers, no extras),
+    leaving out `skip` and what only it requires."""
     seen, todo = set(), [canonicalize_name(r) for r in roots]
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name in skip:
             continue
         seen.add(name)
         for line in metadata.requires(name) or []:
@@ -79,7 +86,8 @@ def main() -> None:
     args = p.parse_args()
     have = {canonicalize_name(n) for n in re.split(r"[,\s]+", re.sub(r"#.*", "", args.have.read_text())) if n}
     versions = pins(ROOT / "constraints.txt")
-    needed = sorted(closure(direct_requirements(ROOT / "requirements.txt")) - have - NEVER_CARRIED)
+    needed = sorted(closure(direct_requirements(ROOT / "requirements.txt"), frozenset(NOT_NEEDED))
+                    - have - NEVER_CARRIED)
     unpinned = [n for n in needed if n not in versions]
     if unpinned:
         sys.exit(f"gpu_carry: constraints.txt pins no version of {', '.join(unpinned)}")
@@ -97,6 +105,12 @@ def main() -> None:
     size = sum(f.stat().st_size for f in wheels.iterdir()) / 2 ** 20
     print(f"gpu_carry: {len(needed)} packages, {size:.1f} MiB in .whl/; corpus in .gpu-cache/. "
           f"Device call: carry [\".whl\", \".gpu-cache\"], command `bash run.sh gpu $OUT/gpu.json`")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    travel = (sum((ROOT / f).stat().st_size for f in tracked.decode().split("\0") if f and (ROOT / f).is_file())
+              / 2 ** 20 + size + dest.stat().st_size / 2 ** 20)
+    if travel > TRAVEL_LIMIT_MIB:
+        print(f"gpu_carry: warning: the tracked files, .whl/ and .gpu-cache/ come to {travel:.1f} MiB, over the "
+              f"device call's {TRAVEL_LIMIT_MIB} MiB")
 
 
 if __name__ == "__main__":

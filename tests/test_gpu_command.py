@@ -96,7 +96,7 @@ def test_verdicts_compare_each_figure_with_its_target_and_leave_missing_ones_ope
 def test_the_default_limits_and_deadline_fit_the_device_window():
     from benchmarks.gpu import DEADLINE_S, DEFAULT_PARTS, LIMITS
 
-    assert list(LIMITS) == ["spread", "recipe", "study", "study_warm", "bench", "tests", "seed"]  # the order they run in
+    assert list(LIMITS) == ["spread", "recipe", "study", "study_warm", "bench", "tests", "seed"]  # the default order
     # The default: the study cold and warm, the 124M benchmark, the tests (issue #52's order), and their
     # limits as measured on the H200 fit the deadline; spread, recipe and seed only when named. The
     # spread alone fills most of a call (its plan: ~450 s), within the default deadline.
@@ -107,6 +107,14 @@ def test_the_default_limits_and_deadline_fit_the_device_window():
     assert parse_limits("tests=5,recipe=7.5") == {**LIMITS, "tests": 5, "recipe": 7.5}
     with pytest.raises(SystemExit, match="'bench' is not NAME=SECONDS"):
         parse_limits("bench")
+
+
+def test_parts_run_in_the_order_named_each_once():
+    from benchmarks.gpu import named_parts
+
+    assert named_parts("seed, study,study_warm,tests,study") == ["seed", "study", "study_warm", "tests"]
+    with pytest.raises(SystemExit, match="unknown part"):
+        named_parts("seed,warm")
 
 
 def test_pytest_counts_come_from_the_verbose_lines_also_when_cut_mid_test():

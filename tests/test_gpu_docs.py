@@ -263,14 +263,14 @@ def test_every_figure_of_the_gpu_page_and_the_readme_line_is_its_files():
 
 @pytest.mark.parametrize("old, new", [
     ("| 469.1 s |", "| 491 s |"),  # a table's figure no longer its file's (issue #52's first)
-    ("79.5 s [r10-warm] against", "79.6 s [r10-warm] against"),  # a figure of the text not its row's file
-    ("10.9 s [r10-shared]", "10.9 s"),  # a figure of the text without its row
+    ("60.4 s [r12-warm] and 59.6 s", "60.5 s [r12-warm] and 59.6 s"),  # a figure of the text not its row's file
+    ("6.3 s [r12-shared]", "6.3 s"),  # a figure of the text without its row
     ("1.4632 [sp-today]", "1.4632 [sp-kept]"),  # the id of another row
     ("| 1.6946 |", "| 1.6964 |"),
     ("| 17.4 s | ≤ 30 s | yes |", "| 17.4 s | ≤ 30 s | no |"),  # met, against the file's value
     ("`parts.recipe.recipe_best_estimate`", "`parts.recipe.recipe_best_estimat`"),  # a key the file lacks
     ("`31 stages run in 72 s`", "`32 stages run in 72 s`"),  # a line the log does not have
-    ("6.12 s [r10-check]", "6.12 s [r10-chek]"),  # an id no row has
+    ("0.19 s [r12-check]", "0.19 s [r12-chek]"),  # an id no row has
     ("and a 500 s\ndeadline", "and a 491 s\ndeadline"),  # a default that is not the script's
 ])
 def test_a_changed_figure_of_the_page_is_found(old, new):
@@ -280,11 +280,11 @@ def test_a_changed_figure_of_the_page_is_found(old, new):
 
 
 @pytest.mark.parametrize("old, new", [
-    ("87.0 s cold", "83.0 s cold"),  # 83.0 s is a figure of run 9, not run 10
-    ("MFU 0.4405 ([benchmark]", "MFU 0.47 ([benchmark]"),  # 2 decimals: a figure by the link after it
+    ("65.0 s cold", "65.9 s cold"),  # 65.9 s is a figure of run 14, not run 12
+    ("MFU 0.4554 ([benchmark]", "MFU 0.47 ([benchmark]"),  # 2 decimals: a figure by the link after it
     ("1.4632 ([spread](reports/gpu/h200_run8_spread.json)",
-     "1.4632 ([spread](reports/gpu/h200_run10_all_parts.json)"),  # the right figure, another run's file
-    ("0.4405 ([benchmark](reports/gpu/h200_run10_all_parts.json))", "0.4405"),  # its file's link gone
+     "1.4632 ([spread](reports/gpu/h200_run12_seed_study_tests.json)"),  # the right figure, another run's file
+    ("0.4554 ([benchmark](reports/gpu/h200_run13_tests_bench.json))", "0.4554"),  # its file's link gone
 ])
 def test_a_changed_figure_of_the_readme_line_is_found(old, new):
     readme = README.read_text(encoding="utf-8")
