@@ -1,10 +1,16 @@
 """The grid's ETA (pipeline/grid/eta.py), on a launcher simulated in time: tasks of known length per kind."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from statistics import NormalDist
+
 import pytest
 
 from pipeline.grid.dag import Task
-from pipeline.grid.eta import eta, kind
+from pipeline.grid import eta as eta_module
+from pipeline.grid.eta import eta, fit, kind
+from tests.conftest import ROOT
 
 
 def study(runs: int = 12, knockouts: int = 3) -> list[Task]:
@@ -16,9 +22,10 @@ def study(runs: int = 12, knockouts: int = 3) -> list[Task]:
     return tasks + [Task(["report"], everything)]
 
 
-def simulate(tasks: list[Task], seconds: dict[tuple[str, ...], float], jobs: int) -> list[tuple[float, float]]:
+def simulate(tasks: list[Task], seconds, jobs: int) -> list[tuple[float, float]]:
     """Run the tasks as Launcher.run does (ready ones in order, at most `jobs` at once); after each
-    finish, (time, the ETA's projected end = time + ETA) while tasks are left."""
+    finish, (time, the ETA's projected end = time + ETA) while tasks are left. `seconds(task)` is
+    the task's length."""
     pending, running, done, timed, said = list(tasks), [], set(), {}, []
     now = 0.0
     while pending or running:
@@ -26,8 +33,8 @@ def simulate(tasks: list[Task], seconds: dict[tuple[str, ...], float], jobs: int
             if len(running) < jobs:
                 pending.remove(task)
                 running.append((task, now))
-        task, started = min(running, key=lambda r: r[1] + seconds[kind(r[0])])
-        now = started + seconds[kind(task)]
+        task, started = min(running, key=lambda r: r[1] + seconds(r[0]))
+        now = started + seconds(task)
         running.remove((task, started))
         done |= set(task.stages)
         timed.setdefault(kind(task), []).append(now - started)
@@ -37,16 +44,81 @@ def simulate(tasks: list[Task], seconds: dict[tuple[str, ...], float], jobs: int
     return said
 
 
+def growths(said: list[tuple[float, float]]) -> int:
+    """How many times the projected end moved later."""
+    ends = [end for _, end in said]
+    return sum(b > a + 1e-9 for a, b in zip(ends, ends[1:]))
+
+
+def mean_only(finished, running):
+    """The estimator before the order statistics: a kind's mean for every task of it."""
+    mean = sum(finished) / len(finished)
+    return mean, [mean] * running
+
+
 SECONDS = {("train", "evaluate"): 48.0, ("knockout",): 14.0, ("report",): 12.0}  # the H200's run 9, rounded
 
 
 @pytest.mark.parametrize("jobs", [16, 4, 1])
 def test_the_projected_end_never_grows_as_stages_finish(jobs):
-    said = simulate(study(), SECONDS, jobs)
-    ends = [end for _, end in said]
-    assert all(b <= a + 1e-9 for a, b in zip(ends, ends[1:])), said
+    said = simulate(study(), lambda t: SECONDS[kind(t)], jobs)
+    assert growths(said) == 0, said
     # and the last word before the report is at most a knock-out's time away from the truth
     assert said[-1][1] - said[-1][0] <= SECONDS[("knockout",)]
+
+
+def spread_study(runs: int = 16) -> tuple[list[Task], dict[str, float]]:
+    """Runs started together whose lengths spread as the H200's did (8% of the mean, normal)."""
+    tasks = study(runs=runs)
+    z = [NormalDist().inv_cdf((i + 0.5) / runs) for i in range(runs)]
+    lengths = {f"train@v{i}": 48.0 * (1 + 0.08 * z[(7 * i) % runs]) for i in range(runs)}  # not in launch order
+    return tasks, lengths
+
+
+def test_runs_started_together_finish_shortest_first_and_the_end_does_not_move_later(monkeypatch):
+    tasks, lengths = spread_study()
+
+    def seconds(t):
+        return lengths.get(t.stages[0], SECONDS[kind(t)])
+    said = simulate(tasks, seconds, jobs=16)
+    assert growths(said) == 0, said
+    monkeypatch.setattr(eta_module, "fit", mean_only)  # the control: each finish is a kind's shortest so far
+    assert growths(simulate(tasks, seconds, jobs=16)) >= 10
+
+
+def logged_study(log: Path) -> tuple[list[Task], dict[str, float]]:
+    """A grid log's study after the shared stages: its tasks in launch order and their lengths."""
+    text = log.read_text(encoding="utf-8")
+    tasks = []
+    for names in re.findall(r"^grid: start (.+?)  \[", text, re.M):
+        stages = names.split()
+        if "check_params" in stages:
+            continue
+        if stages[0].startswith("knockout@"):  # after its seed's runs
+            seed = "-" + stages[0].split("@")[1]
+            stages_needed = {s for t in tasks for s in t.stages if s.endswith(seed)}
+        else:
+            stages_needed = {s for t in tasks for s in t.stages} if stages == ["report"] else set()
+        tasks.append(Task(stages, stages_needed))
+    lengths = {names: float(s) for names, s in re.findall(r"^grid: done  (.+?) in ([\d.]+) s", text, re.M)}
+    return tasks, lengths
+
+
+def test_on_the_h200_logs_the_projected_end_rarely_moves_later(monkeypatch):
+    """The H200's committed study, seed S1 and spread logs (each task's length as logged), replayed."""
+    logs = sorted((ROOT / "reports" / "gpu").glob("h200_run*_s*.log"))
+    studies = [logged_study(log) for log in logs]
+    studies = [(tasks, lengths) for tasks, lengths in studies if len(tasks) >= 12 and "report" in lengths]
+    assert len(studies) >= 9
+
+    def replay():
+        said = [simulate(tasks, lambda t, n=n: n[" ".join(t.stages)], jobs=16) for tasks, n in studies]
+        return sum(growths(s) for s in said), sum(len(s) for s in said)
+    moved, finishes = replay()
+    assert moved <= finishes / 4, (moved, finishes)  # 38 of 177 when measured
+    monkeypatch.setattr(eta_module, "fit", mean_only)
+    moved, finishes = replay()
+    assert moved >= finishes * 3 / 4, (moved, finishes)  # 144 of 177: at nearly every finish
 
 
 def test_the_report_is_not_timed_as_a_training_run():
@@ -55,12 +127,24 @@ def test_the_report_is_not_timed_as_a_training_run():
     tasks = study(runs=10, knockouts=5)
     timed = {("train", "evaluate"): [450.0] * 10, ("knockout",): [15.0] * 4}
     left = eta([(tasks[-2], 10.0)], [tasks[-1]], timed, jobs=16)
-    assert left == pytest.approx(5.0 + 15.0)  # the last knock-out's 5 s, then the report at a knock-out's time
+    mean, (last,) = fit([15.0] * 4, 1)
+    assert left == pytest.approx(last - 10.0 + mean)  # the last knock-out, then the report at a knock-out's time
+    assert left < 30
 
 
 def test_a_running_task_counts_what_its_kind_leaves_and_nothing_is_said_before_the_first_finish():
     tasks = study(runs=2, knockouts=0)
     assert eta([(tasks[0], 5.0)], tasks[1:], {}, jobs=2) is None
     timed = {("train", "evaluate"): [40.0]}
-    assert eta([(tasks[1], 30.0)], [tasks[2]], timed, jobs=2) == pytest.approx(10.0 + 40.0)
-    assert eta([(tasks[1], 55.0)], [], timed, jobs=2) == 0.0  # past its kind's mean: no time left is claimed
+    mean, (second,) = fit([40.0], 1)  # one finished, too few to show a spread: the least one assumed
+    assert mean > 40.0 and second > mean
+    assert eta([(tasks[1], 30.0)], [tasks[2]], timed, jobs=2) == pytest.approx(second - 30.0 + mean)
+    assert eta([(tasks[1], second + 1)], [], timed, jobs=2) == 0.0  # past what it was expected to take
+
+
+def test_a_fit_reads_the_spread_of_runs_finished_shortest_first():
+    z = [NormalDist().inv_cdf((i + 0.625) / 10.25) for i in range(10)]
+    lengths = [50.0 + 6.0 * zi for zi in z]  # a 12% spread: more than the least assumed
+    mean, expected = fit(lengths[:4], 6)
+    assert mean == pytest.approx(50.0)
+    assert expected == pytest.approx(lengths[4:])
