@@ -447,9 +447,30 @@ def test_on_a_gpu_a_stage_forked_from_the_warm_imports_can_use_cuda():
     """The server serves on a GPU machine only if a fork of it can run a CUDA kernel: its imports
     must not have started CUDA (torch cannot start it again in a forked child)."""
     code = ("import sys; from pipeline.warm import server; server._warm_imports(server.EARLY); "
-            "server._warm_imports(server._all_imports()); "
-            "sys.exit(0 if server._cuda_in_a_fork() else 1)")
+            "server._warm_imports(server._stage_imports()); check = server._cuda_check(); "
+            "server._warm_imports(server.LATER); sys.exit(0 if server._cuda_check_passed(check) else 1)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kernel_runs, started_since, passed", [
+    (True, False, True), (False, False, False), (True, True, False)])
+def test_the_cuda_check_runs_in_a_child_and_reads_this_process_after(monkeypatch, tmp_path, kernel_runs,
+                                                                      started_since, passed):
+    """The server forks its CUDA check before MLflow's imports and reads it after them: it passes
+    only if the child ran its kernel and this process has not started CUDA meanwhile. Off a GPU
+    machine there is no check. (The kernel itself: the `gpu` test above.)"""
+    import torch
+
+    from pipeline.warm import server
+
+    monkeypatch.setattr(server, "NVIDIA_GPUS", str(tmp_path / "none"))
+    assert server._cuda_check() is None
+    monkeypatch.setattr(server, "NVIDIA_GPUS", str(tmp_path))
+    monkeypatch.setattr(server, "_cuda_kernel_runs", lambda: kernel_runs)
+    pid = server._cuda_check()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: started_since)
+    assert server._cuda_check_passed(pid, timeout_s=60) is passed
 
 
 def test_warm_starts_are_on_by_default_on_a_gpu_machine_too(monkeypatch):

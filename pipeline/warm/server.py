@@ -38,6 +38,7 @@ from pipeline.warm.shim import STAGES, fingerprint, limits, recv, send
 # ~1.3 s (an sqlite URI is the default). Our own modules are then forgotten.
 LATER = ("mlflow", "mlflow.tracking", "mlflow.entities", "mlflow.store.tracking.sqlalchemy_store", "sacrebleu",
          "sqlalchemy")
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # where a GPU machine's driver lists its GPUs
 # The shared data stages' imports (none of them torch's), imported first: a server forked from
 # here serves those stages while the rest loads (_serve_early), so that a study's first ~5 s of
 # stages do not run cold beside a server still importing torch and MLflow.
@@ -76,10 +77,13 @@ def _warm_imports(names) -> set[str]:
     return named
 
 
+def _stage_imports() -> list[str]:
+    """What the stages use, after EARLY and before LATER: scipy's pool first, then every stage."""
+    return [n for n in NAMED_THREADS if n not in EARLY] + [f"pipeline.{stage}" for stage in sorted(STAGES)]
+
+
 def _all_imports() -> list[str]:
-    """What the stages use, after EARLY: scipy's pool first, then every stage and LATER."""
-    stages = [f"pipeline.{stage}" for stage in sorted(STAGES)]
-    return [n for n in NAMED_THREADS if n not in EARLY] + stages + list(LATER)
+    return _stage_imports() + list(LATER)
 
 
 def _forget_our_modules() -> None:
@@ -93,23 +97,37 @@ def _forget_our_modules() -> None:
             del sys.modules[name]
 
 
-def _cuda_in_a_fork(timeout_s: float = 120) -> bool:
-    """On a GPU machine: whether a child forked from here can run a CUDA kernel (it cannot once
-    this process has started CUDA). Tried once, before serving anything."""
+def _cuda_kernel_runs() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.ones(1, device="cuda").sum().item() == 1
+    except Exception:  # noqa: BLE001 - any failure means: do not serve
+        return False
+
+
+def _cuda_check() -> int | None:
+    """On a GPU machine, a child forked now that runs a CUDA kernel (a fork cannot once this process
+    has started CUDA): its pid, for _cuda_check_passed; None elsewhere. Started before LATER's
+    imports, so that CUDA's start in the child (seconds on an H200) overlaps them."""
+    if not os.path.isdir(NVIDIA_GPUS):
+        return None
     pid = os.fork()
     if pid == 0:
-        try:
-            import torch
+        os._exit(0 if _cuda_kernel_runs() else 1)
+    return pid
 
-            ok = torch.cuda.is_available() and torch.ones(1, device="cuda").sum().item() == 1
-        except Exception:  # noqa: BLE001 - any failure means: do not serve
-            ok = False
-        os._exit(0 if ok else 1)
+
+def _cuda_check_passed(pid: int, timeout_s: float = 120) -> bool:
+    """Whether `_cuda_check`'s child ran its kernel, and this process has not started CUDA since
+    (then a fork of it can still use CUDA)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         done, code = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.WIFEXITED(code) and os.WEXITSTATUS(code) == 0
+            torch = sys.modules.get("torch")
+            started = torch is not None and torch.cuda.is_initialized()
+            return os.WIFEXITED(code) and os.WEXITSTATUS(code) == 0 and not started
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
@@ -139,7 +157,9 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
     named = _warm_imports(EARLY)
     early = _serve_early(listener, path, me, fresh, threads_not_forkable(main_thread, named),
                          [fd for fd in (tie, pidfd) if fd is not None], t0)
-    named |= _warm_imports(_all_imports())
+    named |= _warm_imports(_stage_imports())
+    check = _cuda_check()
+    named |= _warm_imports(LATER)
     _forget_our_modules()
     gc.collect()
     gc.freeze()  # the imports' objects: never collected in a stage (fast collections, pages stay shared)
@@ -147,7 +167,7 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
     if "torch" in sys.modules:  # the generator state a fresh process starts with
         rng = sys.modules["torch"].random.get_rng_state()
     why_not = threads_not_forkable(main_thread, named)
-    if not why_not and os.path.isdir("/proc/driver/nvidia/gpus") and not _cuda_in_a_fork():
+    if check is not None and not _cuda_check_passed(check) and not why_not:
         why_not = "a process forked from this one cannot use CUDA"
     serving = not why_not
     if early is not None:
