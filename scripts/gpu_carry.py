@@ -31,8 +31,8 @@ NEVER_CARRIED = {"torch", "triton"}  # the image's CUDA torch is the point; a ca
 # Never imported by a GPU part, and the call's working tree (the repository, the wheels, the corpus)
 # must stay within 64 MiB: ROUGE (summarization presets only), MLflow's server and model flavours
 # (the runs are mirrored through its client and sqlite store, which import none of them).
-NOT_NEEDED = {"rouge-score", "nltk", "docker", "skops", "graphene", "graphql-core", "graphql-relay", "huey",
-              "gunicorn"}
+NOT_NEEDED = frozenset({"rouge-score", "nltk", "docker", "skops", "graphene", "graphql-core", "graphql-relay",
+                        "huey", "gunicorn"})
 TRAVEL_LIMIT_MIB = 64
 
 
@@ -86,8 +86,7 @@ def main() -> None:
     args = p.parse_args()
     have = {canonicalize_name(n) for n in re.split(r"[,\s]+", re.sub(r"#.*", "", args.have.read_text())) if n}
     versions = pins(ROOT / "constraints.txt")
-    needed = sorted(closure(direct_requirements(ROOT / "requirements.txt"), frozenset(NOT_NEEDED))
-                    - have - NEVER_CARRIED)
+    needed = sorted(closure(direct_requirements(ROOT / "requirements.txt"), NOT_NEEDED) - have - NEVER_CARRIED)
     unpinned = [n for n in needed if n not in versions]
     if unpinned:
         sys.exit(f"gpu_carry: constraints.txt pins no version of {', '.join(unpinned)}")

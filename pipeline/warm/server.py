@@ -82,10 +82,6 @@ def _stage_imports() -> list[str]:
     return [n for n in NAMED_THREADS if n not in EARLY] + [f"pipeline.{stage}" for stage in sorted(STAGES)]
 
 
-def _all_imports() -> list[str]:
-    return _stage_imports() + list(LATER)
-
-
 def _forget_our_modules() -> None:
     """Our own code is imported afresh by each stage (an edit made during a study is seen)."""
     try:  # rouge_score the way evaluate imports it (without nltk's package __init__)
