@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from pipeline.grid.dag import Pipeline, Task, plan_tasks, shared_stages, stale_stages
+from pipeline.grid.eta import read_prior
 from pipeline.grid.launch import Launcher
 from tests.tiny_project import TINY, ROOT, copy_project, make_project, project_env, ran_stages, sh, tiny_params
 
@@ -130,6 +131,8 @@ def test_side_by_side_leaves_dvc_lock_as_a_serial_repro_does(tmp_path):
     assert set(times["stages"]) == set(lock_shape(serial)) and times["jobs"] == 4
     assert times["families"]["train"] > 0 and times["total_s"] > 0
     assert (parallel / ".dvc/tmp/grid/train@i0.log").read_text().count("Running stage") == 2  # train, evaluate
+    prior = read_prior(parallel / ".dvc/tmp/grid_times.json")  # the next study's ETA starts from these
+    assert {("train", "evaluate"), ("report",)} <= set(prior) and all(s > 0 for s in prior.values())
 
 
 def _hold_rwlock_guard(project: Path, out: Path, held: threading.Event, ended: threading.Event) -> None:

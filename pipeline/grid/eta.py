@@ -1,9 +1,15 @@
 """The grid's ETA: the tasks left, laid out on the job slots the way the launcher starts them.
 
 Each task is timed by the tasks of its kind (its stage names without their @item), as kinds differ
-tenfold (a run's train + evaluate against the report); a kind not timed yet takes the shortest timed
-kind's mean, since those that come last (knock-outs, the report) are the short ones. A pending task
-starts on the first free slot once the stages it needs are done, as `Launcher.run` starts them.
+tenfold (a run's train + evaluate against the report). A kind not timed yet in this study takes the
+longest it took in this workspace's last study (`prior`, from `read_prior`), else the shortest timed
+kind's mean, since those that come last (knock-outs, the report) are the short ones. Without the
+last study's figures the first ETAs of the H200's studies were 1.9-3.4x their wall (a knock-out
+timed as a training run); each log replayed after the one before it, 0.85-1.41x
+(tests/test_grid_eta.py). Only a task whose every stage DVC ran times its kind: one DVC found up to
+date ends in a second, timing nothing.
+A pending task starts on the first free slot once the stages it needs are done, as `Launcher.run`
+starts them.
 
 Runs started together finish in order of length, so the first to finish are a kind's shortest: their
 mean alone says the rest are nearly done, and the projected end then moved later with each finish.
@@ -15,11 +21,15 @@ what waits for one (a knock-out for its seed's run) is laid out after the last o
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from statistics import NormalDist, fmean
 
 from pipeline.grid.dag import Task
+from pipeline.io.atomic import atomic_path
 
 # The least spread assumed within a kind, as a share of its mean: the train + evaluate runs started
 # together in the H200's study and seed logs (reports/gpu/*.log, 9 of them) spread 6-13%.
@@ -48,20 +58,21 @@ def fit(finished: Sequence[float], running: int) -> tuple[float, list[float]]:
 
 
 def eta(running: Iterable[tuple[Task, float]], pending: Sequence[Task], timed: Mapping[tuple[str, ...], list[float]],
-        jobs: int) -> float | None:
+        jobs: int, prior: Mapping[tuple[str, ...], float] | None = None) -> float | None:
     """Seconds until the last task ends: `running` as (task, seconds elapsed), `pending` in the
-    launcher's order, `timed` the finished tasks' seconds by kind. None before any task finished."""
+    launcher's order, `timed` the finished tasks' seconds by kind, `prior` each kind's seconds in
+    the last study. None while neither times anything."""
     running = sorted(running, key=lambda r: -r[1])  # the longest-running takes a kind's next position
     means, expected = {}, {}
     for k, lengths in timed.items():
         if lengths:
             means[k], expected[k] = fit(lengths, sum(kind(t) == k for t, _ in running))
-    if not means:
+    if not means and not prior:
         return None
-    fallback = min(means.values())
+    fallback = min(means.values()) if means else min(prior.values())
 
     def took(task: Task) -> float:
-        return means.get(kind(task), fallback)
+        return means.get(kind(task), (prior or {}).get(kind(task), fallback))
 
     ends: dict[str, float] = {}
     slots: list[float] = []  # when each busy slot frees, seconds from now
@@ -84,3 +95,28 @@ def eta(running: Iterable[tuple[Task, float]], pending: Sequence[Task], timed: M
         heapq.heappush(slots, end)
         last = max(last, end)
     return last
+
+
+def read_prior(path: Path) -> dict[tuple[str, ...], float]:
+    """Each kind's longest task in the study `write_times` recorded last ({} where none was, or the
+    file is not one it wrote: a figure for the ETA, never worth stopping a study for)."""
+    try:
+        kinds = json.loads(path.read_text(encoding="utf-8"))["kinds"]
+        return {tuple(name.split()): max(map(float, seconds)) for name, seconds in kinds.items() if seconds}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
+
+
+def write_times(path: Path, timed: Mapping[tuple[str, ...], list[float]]) -> None:
+    """Record this study's timed tasks by kind for the next study's `read_prior`; a kind this study
+    did not time keeps its last figure (an edit that reruns a few trains leaves the report's)."""
+    if not timed:
+        return
+    try:
+        kinds = json.loads(path.read_text(encoding="utf-8"))["kinds"]
+        kinds = kinds if isinstance(kinds, dict) else {}
+    except (OSError, ValueError, TypeError, KeyError):
+        kinds = {}
+    kinds.update({" ".join(k): [round(s, 2) for s in seconds] for k, seconds in timed.items() if seconds})
+    with contextlib.suppress(OSError), atomic_path(path) as tmp:  # a full disk costs the next ETA, not this study
+        tmp.write_text(json.dumps({"kinds": kinds}, indent=1) + "\n", encoding="utf-8")

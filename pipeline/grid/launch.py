@@ -70,8 +70,11 @@ def _read(p: Process, echo: bool) -> None:
 
 
 class Launcher:
-    def __init__(self, jobs: int, log_dir: Path, cores: int, threads_env: str | None, say=None, lifeline=None):
+    def __init__(self, jobs: int, log_dir: Path, cores: int, threads_env: str | None, say=None, lifeline=None,
+                 prior: dict[tuple[str, ...], float] | None = None):
         self.jobs, self.log_dir, self.cores, self.threads_env = jobs, log_dir, cores, threads_env
+        self.prior = prior or {}  # each kind's seconds in the last study, for the ETA (eta.read_prior)
+        self.timed: dict[tuple[str, ...], list[float]] = {}  # seconds of the tasks DVC ran, by kind
         self.say = say or (lambda msg: print(msg, flush=True))
         self.lifeline = lifeline  # lifeline.Lifeline: told each process group, so a killed launcher's end them
         self.t0 = time.monotonic()
@@ -138,7 +141,6 @@ class Launcher:
         self.names = {s for t in tasks for s in t.stages}
         total = len(self.names)
         bad: set[str] = set()
-        finished: dict[tuple[str, ...], list[float]] = {}  # seconds of the finished tasks by kind, for the ETA
         while pending or running:
             for task in [t for t in pending if t.needs & bad]:
                 pending.remove(task)
@@ -169,16 +171,17 @@ class Launcher:
                 p.reader.join()
                 end = time.monotonic()
                 self._finish_marks(p, end)
-                self._settle(p, end, pending, bad, finished, total)
+                self._settle(p, end, pending, bad, total)
         return not self.out.failed and not self.out.skipped
 
-    def _settle(self, p: Process, end: float, pending: list, bad: set, finished: dict, total: int) -> None:
+    def _settle(self, p: Process, end: float, pending: list, bad: set, total: int) -> None:
         task, took = p.task, end - p.started
         if p.proc.returncode == 0:
             self.out.done |= set(task.stages)
-            finished.setdefault(kind(task), []).append(took)
-            left = eta([(r.task, end - r.started) for r in self.running], pending, finished, self.jobs) \
-                if pending or self.running else None
+            if {name for _, name in p.marks} >= set(task.stages):  # not a task DVC found up to date
+                self.timed.setdefault(kind(task), []).append(took)
+            left = eta([(r.task, end - r.started) for r in self.running], pending, self.timed, self.jobs,
+                       self.prior) if pending or self.running else None
             eta_text = "" if left is None else f", ETA {clock(left)}"
             self.say(f"grid: done  {' '.join(task.stages)} in {took:.1f} s  "
                      f"[{len(self.out.done & self.names)}/{total} stages, {clock(end - self.t0)} elapsed{eta_text}]")

@@ -28,12 +28,14 @@ from pathlib import Path
 
 from pipeline.grid import lock, signals
 from pipeline.grid.dag import Task, plan_tasks, read_pipeline, shared_stages, stale_stages
+from pipeline.grid.eta import read_prior, write_times
 from pipeline.grid.launch import DVC, Launcher
 from pipeline.grid.lifeline import Lifeline
 from pipeline.grid.warm import warm_starts
 from pipeline.io.atomic import atomic_path
 
 LOG_DIR = Path(".dvc/tmp/grid")  # DVC keeps .dvc/tmp out of git
+TIMES = Path(".dvc/tmp/grid_times.json")  # each kind's task seconds in the last study, for the next ETA
 THREADS_ENV = "ABLATION_LAB_THREADS"  # pipeline.training.device reads it (not imported: no torch here)
 MAX_RUNS_PER_GPU = 16  # pipeline.training.gpu_lock's cap; the slot locks decide the rest
 
@@ -132,9 +134,10 @@ def repro(argv: list[str] | None, timed: bool = False) -> tuple[int, dict | None
             print(f"grid: -j {jobs} ({why}){'' if cold else ', warm starts'}", flush=True)
         lifeline = Lifeline(keep_fds=(held,))  # the guard holds the workspace lock until it is done
         lifeline.workspace(os.getcwd())
-        launcher = Launcher(jobs, LOG_DIR, cores(), THREADS_ENV, lifeline=lifeline)
+        launcher = Launcher(jobs, LOG_DIR, cores(), THREADS_ENV, lifeline=lifeline, prior=read_prior(TIMES))
         signals.install(forward=launcher.signal_all)
         code, stopped = run_stages(launcher, serial if jobs == 1 else args.targets, direct, cold)
+        write_times(TIMES, launcher.timed)
         if stopped:
             lock.repair_dvc_rwlock()  # the DVC processes just ended may have been writing it
     finally:
