@@ -446,8 +446,8 @@ def test_the_study_warm_is_the_study_cold(tmp_path):
 def test_on_a_gpu_a_stage_forked_from_the_warm_imports_can_use_cuda():
     """The server serves on a GPU machine only if a fork of it can run a CUDA kernel: its imports
     must not have started CUDA (torch cannot start it again in a forked child)."""
-    code = ("import sys; from pipeline.warm import server; server._warm_imports(server.EARLY); "
-            "server._warm_imports(server._stage_imports()); check = server._cuda_check(); "
+    code = ("import sys; from pipeline.warm import server; check = server._cuda_check(); "
+            "server._warm_imports(server.EARLY); server._warm_imports(server._stage_imports()); "
             "server._warm_imports(server.LATER); sys.exit(0 if server._cuda_check_passed(check) else 1)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
 
@@ -457,8 +457,8 @@ def test_on_a_gpu_a_stage_forked_from_the_warm_imports_can_use_cuda():
     (True, False, True), (False, False, False), (True, True, False)])
 def test_the_cuda_check_runs_in_a_child_and_reads_this_process_after(monkeypatch, tmp_path, kernel_runs,
                                                                       started_since, passed):
-    """The server forks its CUDA check before MLflow's imports and reads it after them: it passes
-    only if the child ran its kernel and this process has not started CUDA meanwhile. Off a GPU
+    """The server forks its CUDA check before its imports and reads it after them: it passes only
+    if the child ran its kernel and this process has not started CUDA meanwhile. Off a GPU
     machine there is no check. (The kernel itself: the `gpu` test above.)"""
     import torch
 

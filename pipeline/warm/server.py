@@ -104,8 +104,9 @@ def _cuda_kernel_runs() -> bool:
 
 def _cuda_check() -> int | None:
     """On a GPU machine, a child forked now that runs a CUDA kernel (a fork cannot once this process
-    has started CUDA): its pid, for _cuda_check_passed; None elsewhere. Started before LATER's
-    imports, so that CUDA's start in the child (seconds on an H200) overlaps them."""
+    has started CUDA): its pid, for _cuda_check_passed; None elsewhere. Started before any import
+    (from a process of one thread), so that the child's own import of torch and CUDA's start there
+    (seconds on an H200) overlap all of this process's imports, on another core."""
     if not os.path.isdir(NVIDIA_GPUS):
         return None
     pid = os.fork()
@@ -150,11 +151,11 @@ def serve(path: str, tie: int | None = None, on_term=None, watch: int | None = N
     fresh = fresh_state()
     main_thread = threads()
     t0 = time.monotonic()
+    check = _cuda_check()
     named = _warm_imports(EARLY)
     early = _serve_early(listener, path, me, fresh, threads_not_forkable(main_thread, named),
                          [fd for fd in (tie, pidfd) if fd is not None], t0)
     named |= _warm_imports(_stage_imports())
-    check = _cuda_check()
     named |= _warm_imports(LATER)
     _forget_our_modules()
     gc.collect()
