@@ -74,17 +74,24 @@ def variant_loops(project: Path) -> dict[tuple[str, None], float]:
     return {(v, None): sum(w) / len(w) for v, w in walls.items()}
 
 
-def planned_wall(params: Path, loops: dict, jobs: int, warm: bool) -> dict:
+def planned_wall(params: Path, loops: dict, jobs: int, warm: bool, shards: Path) -> dict:
     """What `python -m pipeline.plan` predicts for this study's stages on the quiet serial run's
-    measured loops: it checks the stage costs and the schedule, not the training time model."""
+    measured loops: it checks the stage costs and the schedule (each loop slowed side by side by
+    the part of it its threads split, as the time model reads it), not the training time."""
+    from pipeline import cpu_numerics
     from pipeline.params import load_params
+    from pipeline.planning.calibration import calibrate
+    from pipeline.planning.estimate import plan, ram_bytes, read_manifest
     from pipeline.planning.study import fit_costs, loop_slowdown, schedule, study_stages
 
     loaded = load_params(params)
     costs = fit_costs(sorted(p.parent for p in (ROOT / "reports" / "studies").glob("*/run.json")), warm)
-    slowdown = loop_slowdown(jobs, loaded.train.threads, os.cpu_count() or 1)
+    cal = calibrate(sorted((ROOT / "reports").rglob("report.md")), cpu_numerics.wanted())  # as the runs trained
+    rows, _ = plan(loaded, read_manifest(shards), "cpu", cal.peak, cal, ram_bytes(), shards)
+    slowdown = {(r.variant, r.scale): loop_slowdown(jobs, loaded.train.threads, os.cpu_count() or 1, r.parallel_share)
+                for r in rows}
     return {"wall_s": round(schedule(study_stages(loaded, loops, costs, slowdown), jobs), 1),
-            "costs": costs.describe()}
+            "loop_slowdown": round(max(slowdown.values()), 3), "costs": costs.describe()}
 
 
 def run_mode(name: str, project: Path, jobs: str) -> dict:
@@ -165,7 +172,8 @@ def main() -> None:
     loops = variant_loops(quiet)
     for name in modes:
         jobs = result[name].get("jobs") or 1
-        plan = planned_wall(args.params, loops, jobs, warm=name != "cold")  # repro: warm after its first stage
+        # repro: warm after its first stage
+        plan = planned_wall(args.params, loops, jobs, warm=name != "cold", shards=quiet / "data" / "shards")
         plan["measured_over_plan"] = round(result[name]["wall_s"] / plan["wall_s"], 3)
         result[name]["plan"] = plan
     result["load_1min_after"] = round(os.getloadavg()[0], 2)

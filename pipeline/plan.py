@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from pipeline.params import load_params
-from pipeline.planning.calibration import Calibration, calibrate, reference_peak
-from pipeline.planning.estimate import PlanError, Row, plan, ram_bytes, read_manifest
+from pipeline.planning.calibration import Calibration, calibrate, pinned_one_thread_peak, reference_peak
+from pipeline.planning.estimate import PlanError, Row, cpu_cores, plan, ram_bytes, read_manifest
 from pipeline.planning.study import decide_bounds, families, fit_costs, loop_slowdown, rounds_wall, study_stages
 
 # --device: (name in device.GPU_PEAK_BF16, memory in bytes from the vendor's data sheet).
@@ -55,22 +54,36 @@ def fmt_time(s: float) -> str:
 
 def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: str = "measured") -> dict:
     """Peak FLOP/s, memory and the time model (`time`, a Calibration) of `device`. cpu: fitted to
-    `reports`, the peak measured here once and cached (cpu_peak="studies": the committed runs').
+    `reports`' runs on the products the runs here will train on; torch's own scaled by the peak
+    measured here once and cached (cpu_peak="studies": the committed runs'), the pinned not scaled.
     GPU: the datasheet peak x `mfu`; no GPU run is measured, so the host's cost is the CPU fit's."""
     if device == "cpu":
         from pipeline import cpu_numerics
         from pipeline.training.device import _cpu_model, cpu_peak_flops
 
-        cal = calibrate(reports)
-        if cpu_peak == "studies":
-            pinned = False  # as the fitted studies ran: torch's own products
+        pinned = cpu_numerics.engage()  # whether the runs will train on the pinned products
+        cal = calibrate(reports, pinned)
+        if pinned:
+            # Scaled by the pinned kernel's one-thread peak, here against the committed runs'
+            # machines' (calibration.day_speed says why not by the peak at the runs' threads).
+            peak, source = cal.peak, ("pinned products (pipeline/cpu_numerics.py): the committed pinned studies' "
+                                      "machines, not scaled to this one (none of their reports gives one thread's peak)")
+            committed = pinned_one_thread_peak(reports)
+            if committed:
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    here, _ = cpu_peak_flops()
+                finally:
+                    torch.set_num_threads(threads)
+                peak = cal.peak * here / committed
+                source = (f"the committed pinned runs' time model scaled to this machine: the pinned products' "
+                          f"one-thread peak {here:.3g} FLOP/s here against {committed:.3g} where they ran "
+                          "(pipeline/cpu_numerics.py)")
+        elif cpu_peak == "studies":
             peak, source = reference_peak(reports), "the peak the committed studies' runs divided by (their machine)"
         else:
-            # The peak of the products the runs will train on: the pinned kernel's where they are
-            # pinned (about a third of torch's on an AVX-512 CPU), which the time model scales by.
-            pinned = cpu_numerics.engage()
             peak, source = cpu_peak_flops()
-            source += ", pinned products (pipeline/cpu_numerics.py)" if pinned else ""
         return {"device": f"cpu ({_cpu_model()}, {torch.get_num_threads()} threads)", "peak_flops": peak,
                 "pinned": pinned, "peak_source": source,
                 "memory_bytes": ram_bytes(), "memory_source": "this machine's RAM",
@@ -78,7 +91,7 @@ def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: 
                 "time_source": (f"MFU {mfu} given (--mfu), " if mfu is not None else "") + f"fitted to {cal.source}"}
     name, memory_bytes = GPUS[device]
     try:
-        host = calibrate(reports)
+        host = calibrate(reports)  # the host's work per sublayer: a GPU run's CPU side is torch's own
     except PlanError:
         host = None
     mfu = DEFAULT_MFU if mfu is None else mfu
@@ -125,9 +138,9 @@ def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: in
     except PlanError as exc:
         return {"error": str(exc)}
     loops = {(r.variant, r.scale): r.seconds_per_run for r in rows}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    slowdown = (loop_slowdown(jobs, params.train.threads, cores)
-                if facts["device"].startswith("cpu") else 1.0)
+    cpu = facts["device"].startswith("cpu")
+    slowdown = {(r.variant, r.scale): loop_slowdown(jobs, params.train.threads, cpu_cores(), r.parallel_share)
+                if cpu else 1.0 for r in rows}
     serial = study_stages(params, loops, costs)
     stages = study_stages(params, loops, costs, slowdown)
     note = "" if facts["device"].startswith("cpu") else (
@@ -135,7 +148,8 @@ def study_wall(params, rows: list[Row], facts: dict, calibration: Path, jobs: in
         "a GPU host's CPU speed are not in them, and --jobs stages are assumed not to slow each other's loops.")
     out = {"jobs": jobs, "warm": warm, "wall_s": rounds_wall(stages, params, jobs),
            "serial_s": rounds_wall(serial, params, 1),
-           "stages": len(stages), "loop_slowdown": slowdown, "families": families(serial), "costs": asdict(costs),
+           "stages": len(stages), "loop_slowdown": max(slowdown.values(), default=1.0),
+           "loop_slowdown_least": min(slowdown.values(), default=1.0), "families": families(serial), "costs": asdict(costs),
            "costs_source": costs.describe(), "note": note}
     if bounds := decide_bounds(params):  # seeds until decided: what the rounds can cost, both ends
         out["decide"] = {"budget_seeds": params.decide.looks[-1], **{
@@ -156,7 +170,10 @@ def study_text(study: dict) -> str:
     line = (f"Study wall: **{fmt_time(study['wall_s'])}** at --jobs {study['jobs']}, {how} "
             f"({study['stages']} stages; serial: {fmt_time(study['serial_s'])} = {', '.join(parts)})")
     if study["loop_slowdown"] > 1:
-        line += f"; {study['jobs']} stages at a time share the cores: each training loop x{study['loop_slowdown']:.2g}"
+        low, high = study["loop_slowdown_least"], study["loop_slowdown"]
+        span = f"x{high:.2g}" if f"{low:.2g}" == f"{high:.2g}" else f"x{low:.2g} to x{high:.2g}"
+        line += (f"; {study['jobs']} stages at a time share the cores: each training loop {span} (the part of it "
+                 "its threads split takes as much longer as each has fewer)")
     if "decide" in study:
         d = study["decide"]
         line += (f". Seeds until decided: from {fmt_time(d['first_look_s'])} (every variant at the first look) to "

@@ -4,18 +4,20 @@ presets/*.yaml on the device it targets.
     python -m scripts.plan_presets          # rewrite the block in its page
     python -m scripts.plan_presets --check  # exit 1 if the block is stale
 
-Nothing of this machine enters it, so the block is the same everywhere: CPU presets are planned at
-the peak the committed CPU studies ran at, and no data are read (sequence-to-sequence lengths are
-the planner's guess at the filter's limits).
+Nothing of this machine enters it, so the block is the same everywhere: CPU presets are planned as
+the committed pinned CPU studies ran (a CPU run trains on the pinned products: pipeline/cpu_numerics.py),
+and no data are read (sequence-to-sequence lengths are the planner's guess at the filter's limits).
 """
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
 from pipeline.params import load_params
 from pipeline.plan import DEFAULT_MFU, GPUS, fmt_bytes, fmt_time, gpu_peak
-from pipeline.planning.calibration import calibrate, reference_peak
+from pipeline.planning.calibration import calibrate
 from pipeline.planning.estimate import plan, task_of
 from pipeline.planning.study import decide_bounds
 from scripts.doc_block import update_page
@@ -29,14 +31,17 @@ GPU_PRESETS = {"cnn_dailymail": "4090", "tiny_shakespeare": "4090", "tinystories
                "nanogpt_shakespeare_char_gpu": "h100", "nanogpt_shakespeare_char_gpu_23a8e701": "h100"}
 
 
-def preset_row(path: Path, cal, cpu_peak: float) -> str:
+def preset_row(path: Path, pinned, host, cores: int) -> str:
+    """`pinned`: the CPU time model of pinned runs; `host`: torch's own, a GPU run's CPU side;
+    `cores`: the committed CPU studies' machines'."""
     params = load_params(path)
     device = GPU_PRESETS.get(path.stem, "cpu")
     if device == "cpu":
-        peak, capacity = cpu_peak, None
-        how = f"the committed CPU studies' machine: {peak:.3g} FLOP/s, {cal.describe()}"
-        rows, _ = plan(params, None, "cpu", peak, cal, capacity=0)  # no RAM: not this machine's
+        cal, peak, capacity = pinned, pinned.peak, None
+        how = f"the committed pinned CPU studies' machines: {pinned.describe()}"
+        rows, _ = plan(params, None, "cpu", peak, cal, capacity=0, cores=cores)  # no RAM or cores of this machine's
     else:
+        cal = host
         name, capacity = GPUS[device]
         peak = gpu_peak(name)
         how = f"one {name}: {peak:.3g} FLOP/s × MFU {DEFAULT_MFU}, ≥ {cal.sublayer_s * 1000:.2g} ms per sublayer per step"
@@ -50,7 +55,7 @@ def preset_row(path: Path, cal, cpu_peak: float) -> str:
     runs, total = str(sum(r.runs for r in rows)), fmt_time(sum(r.seconds_per_run * r.runs for r in rows))
     if bounds := decide_bounds(params):  # seeds until decided: from the first look to the budget
         budget = plan(bounds[1], None, device, peak, cal if device == "cpu" else replace(cal, mfu=DEFAULT_MFU),
-                      capacity=0 if capacity is None else capacity)[0]
+                      capacity=0 if capacity is None else capacity, cores=cores)[0]
         runs += f" – {sum(r.runs for r in budget)} (seeds until decided)"
         total += f" – {fmt_time(sum(r.seconds_per_run * r.runs for r in budget))}"
     return (f"| `{path.stem}` | {how} | {runs} | {low if low == high else f'{low} – {high}'} | "
@@ -59,13 +64,15 @@ def preset_row(path: Path, cal, cpu_peak: float) -> str:
 
 def render(root: Path) -> str:
     reports = sorted((root / "reports").rglob("report.md"))
-    cal, cpu_peak = calibrate(reports), reference_peak(reports)
+    pinned, host = calibrate(reports, pinned=True), calibrate(reports, pinned=False)
+    runs = [json.loads(p.read_text()) for p in sorted((root / "reports" / "studies").glob("*/run.json"))]
+    cores = round(statistics.median(r["cpu_count"] for r in runs if r["device"].startswith("cpu")))
     return "\n".join([
         BEGIN,
         "| preset | device and time model | runs | training time per run | all runs | peak memory per run "
         "| sequence lengths |",
         "|---|---|---|---|---|---|---|",
-        *(preset_row(path, cal, cpu_peak) for path in sorted((root / "presets").glob("*.yaml"))),
+        *(preset_row(path, pinned, host, cores) for path in sorted((root / "presets").glob("*.yaml"))),
         END,
     ])
 

@@ -10,6 +10,7 @@ params.yaml is never paired with an older report.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import statistics
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.params import load_params, resolve_variant
-from pipeline.planning.estimate import (PlanError, activation_bytes, mean_shape, meta_model, sublayers, task_of,
-                                       tokenizer_ids)
+from pipeline.planning.estimate import (PlanError, activation_bytes, mean_shape, meta_model, shared_share, sublayers,
+                                       task_of, tokenizer_ids)
 from pipeline.train import flops_per_target_token
 
 
@@ -33,14 +34,34 @@ class Calibration:
     # The matmul peak the fitted runs divided by: a machine measured slower or faster than that is
     # taken to be so in every term, not only the FLOPs'. None: the per-step terms as fitted.
     peak: float | None = None
+    pinned: bool = False  # fitted to runs on the pinned products (pipeline/cpu_numerics.py)
 
     def step_s(self, n_sublayers: int, act_bytes: float) -> float:
         """The per-step cost besides the FLOPs: fixed work per sublayer and memory-bound work."""
         return n_sublayers * self.sublayer_s + act_bytes / self.bytes_per_s
 
-    def cpu_seconds(self, steps: int, n_sublayers: int, act_bytes: float, flops: float, peak: float) -> float:
+    def thread_flops(self, flops: float, split: float = 0.0, threads: int = 1) -> float:
+        """The FLOPs one thread does: on the pinned products, those of products shared among the
+        loop's `threads` (`split`, a share of the multiply-adds: estimate.shared_share) divide
+        among them and the rest run whole; torch's own products' threads are in the fitted MFU."""
+        return flops * (1 - split * (1 - 1 / threads)) if self.pinned else flops
+
+    def cpu_seconds(self, steps: int, n_sublayers: int, act_bytes: float, flops: float, peak: float,
+                    split: float = 0.0, threads: int = 1) -> float:
         speed = self.peak / peak if self.peak else 1.0
-        return steps * self.step_s(n_sublayers, act_bytes) * speed + flops / (peak * self.mfu)
+        return steps * self.step_s(n_sublayers, act_bytes) * speed + self.thread_flops(flops, split, threads) / (
+            peak * self.mfu)
+
+    def parallel_share(self, steps: int, n_sublayers: int, act_bytes: float, flops: float, peak: float,
+                       split: float = 0.0, threads: int = 1) -> float:
+        """The share of `cpu_seconds` that the loop's threads split among them: the products' FLOPs,
+        on the pinned products only the shared ones (`thread_flops`). The per-sublayer and
+        memory-bound terms are taken as one thread's: a pinned step at the default study's shape
+        (no product shared) took 1.07-1.11x as long at one thread as at two, at S1's (all shared)
+        1.28-1.34x; torch's own products 1.18-1.37x and 1.21-1.56x (reports/benchmarks/
+        cpu_numerics*.json, three CPUs)."""
+        products = (flops * split / threads if self.pinned else flops) / (peak * self.mfu)
+        return products / self.cpu_seconds(steps, n_sublayers, act_bytes, flops, peak, split, threads)
 
     def describe(self) -> str:
         traffic = "" if self.bytes_per_s == float("inf") else f" + activation bytes / {self.bytes_per_s:.3g} B/s"
@@ -109,7 +130,8 @@ def measured_runs(report: Path) -> list[dict]:
         fpt = number(r["FLOPs / target token"]) if r.get("FLOPs / target token") else None
         out.append({"variant": r["variant"], "steps": number(r["steps"]), "tokens": number(r["tokens trained"]),
                     "wall_s": wall, "tokens_per_s": number(r["tokens/s"].replace(CONTENDED, "")),
-                    "mfu": number(r["MFU"]), "flops_per_token": fpt, "batch": mean_batch(r.get("mean batch"))})
+                    "mfu": number(r["MFU"]), "flops_per_token": fpt, "batch": mean_batch(r.get("mean batch")),
+                    "threads": int(number(r["cores"])) if r.get("cores", "—") not in ("", "—") else None})
     return out
 
 
@@ -145,6 +167,8 @@ class Point:
     act_bytes: float  # saved activations of the mean batch
     flops: float
     wall_s: float
+    split: float = 0.0  # of the multiply-adds, those in products shared among the run's threads (pinned)
+    threads: int = 1
 
 
 def report_params(report: Path):
@@ -196,21 +220,57 @@ def mean_batch(cell: str | None) -> tuple[float, float, float] | None:
 
 # A report's own peak this far from the reference is not a machine speed but FLOPs counted another
 # way: its walls are taken as they are. Days here moved -15% to +12%; a report counted another way
-# reads 1.85x, so the top stays below that. A pinned report's peak is the pinned kernel's, 0.35-0.39x
-# of torch's before the day's own move (pipeline/cpu_numerics.py): its band reaches half as low again.
+# reads 1.85x, so the top stays below that.
 PLAUSIBLE_SPEED = (1 / 3, 1.5)
-PINNED_LOWEST = 1 / 6
+
+
+# Before the pinned products were shared among threads, a pinned run's peak was one thread's
+# whatever its threads (0.35-0.49x torch's reference in the committed reports); after, at two
+# threads, ~1.7x that (0.77-0.81x). Below this share of the reference a pinned peak is one thread's.
+PINNED_ONE_THREAD = 0.6
+
+
+def products_shared(report: Path, reference: float) -> bool:
+    """Whether `report`'s pinned runs shared their larger products among threads: its peak was
+    measured so (PINNED_ONE_THREAD); before, every product ran whole on one thread."""
+    try:
+        return pinned_report(report) and reference_peak([report]) > PINNED_ONE_THREAD * reference
+    except PlanError:
+        return False
+
+
+def pinned_one_thread_peak(reports: list[Path]) -> float | None:
+    """The pinned kernel's one-thread peak on the machines the committed pinned runs trained on (the
+    median of the pinned reports' own peaks that were one thread's); None where none was."""
+    reference = reference_peak(reports)
+    peaks = []
+    for report in reports:
+        if pinned_report(report):
+            with contextlib.suppress(PlanError):
+                if (own := reference_peak([report])) <= PINNED_ONE_THREAD * reference:
+                    peaks.append(own)
+    return statistics.median(peaks) if peaks else None
 
 
 def day_speed(report: Path, reference: float) -> float:
     """How fast the machine was when `report`'s runs trained: their own peak over `reference` (the
-    fit's), 1 where the report gives none or an implausible one."""
+    fit's), 1 where the report gives none or an implausible one, or its runs were pinned.
+
+    A pinned report's peak is the pinned kernel's at the run's threads, which changed meaning when
+    the pinned products came to be shared among threads (one thread's peak before, ~1.7x that at
+    two after: pipeline.training.device.cpu_peak_flops), while the studies' products stayed too
+    small to share (pipeline/cpu_numerics.py's SHARE): as a speed it read 0.35-0.49 in the reports
+    before and 0.77-0.81 after, and scaled by it, cnn_dailymail_cpu's loops were planned at 0.60x
+    and multi30k_cpu's at 0.41x. Pinned runs are fitted to each other as measured instead
+    (`calibrate`): 0.78-1.26x, each study planned by the others. A plan scales them to its
+    machine by the pinned kernel's one-thread peak there (pinned_one_thread_peak)."""
+    if pinned_report(report):
+        return 1.0
     try:
         ratio = reference_peak([report]) / reference
     except PlanError:
         return 1.0
-    lowest = PINNED_LOWEST if pinned_report(report) else PLAUSIBLE_SPEED[0]
-    return ratio if lowest <= ratio <= PLAUSIBLE_SPEED[1] else 1.0
+    return ratio if PLAUSIBLE_SPEED[0] <= ratio <= PLAUSIBLE_SPEED[1] else 1.0
 
 
 def study_points(report: Path, reference: float | None = None) -> list[Point]:
@@ -224,6 +284,7 @@ def study_points(report: Path, reference: float | None = None) -> list[Point]:
     counts = parameter_counts(text)
     lm = task_of(params) == "language_modeling"
     speed = day_speed(report, reference) if reference else 1.0
+    shares = bool(reference) and products_shared(report, reference)
     points = []
     for run in measured_runs(report):
         if run["variant"] not in params.ablations:
@@ -238,13 +299,15 @@ def study_points(report: Path, reference: float | None = None) -> list[Point]:
             continue
         cfg, model = matched
         fpt = run["flops_per_token"] or flops_per_target_token(model, cfg, 0.0, float(tcfg["context"]))
+        threads = run["threads"] or 1
+        split = shared_share(model, cfg, *mean_shape(cfg, shape), threads) if shares else 0.0
         points.append(Point(report.parent.name, run["variant"], run["steps"], sublayers(cfg),
                             activation_bytes(model, cfg, *mean_shape(cfg, shape), False), fpt * run["tokens"],
-                            run["wall_s"] * speed))
+                            run["wall_s"] * speed, split, threads))
     return points
 
 
-def fit(points: list[Point], peak: float, source: str) -> Calibration:
+def fit(points: list[Point], peak: float, source: str, pinned: bool = False) -> Calibration:
     """Least squares on relative error over the three terms of the time model, none negative and
     the FLOPs never faster than the peak (MFU <= 1): tiny models alone could otherwise explain
     their walls without FLOPs, and a plan for a large model would then cost nothing."""
@@ -253,20 +316,32 @@ def fit(points: list[Point], peak: float, source: str) -> Calibration:
 
     if len(points) < 3:
         raise PlanError(f"{source}: fewer than three measured CPU runs to calibrate on")
-    at_peak = np.array([p.flops / peak / p.wall_s for p in points])
+    flops = [p.flops * (1 - p.split * (1 - 1 / p.threads)) if pinned else p.flops for p in points]  # thread_flops
+    at_peak = np.array([f / peak / p.wall_s for f, p in zip(flops, points)])
     if np.any(at_peak >= 1):
         raise PlanError(f"{source}: a measured wall is shorter than its FLOPs at the peak ({peak:.3g} FLOP/s)")
-    a = np.array([[p.steps * p.sublayers / p.wall_s, p.steps * p.act_bytes / p.wall_s, p.flops / peak / p.wall_s]
-                  for p in points])
+    a = np.array([[p.steps * p.sublayers / p.wall_s, p.steps * p.act_bytes / p.wall_s, f / peak / p.wall_s]
+                  for f, p in zip(flops, points)])
     (per_sublayer, per_byte, slower), _ = nnls(a, 1 - at_peak)  # 1 / MFU = 1 + slower
     return Calibration(float(1 / (1 + slower)), float(per_sublayer),
-                       float(1 / per_byte) if per_byte > 0 else float("inf"), len(points), source, peak)
+                       float(1 / per_byte) if per_byte > 0 else float("inf"), len(points), source, peak, pinned)
 
 
-def calibrate(reports: list[Path]) -> Calibration:
-    """The CPU time model fitted to every usable run of `reports` (report.md files)."""
+def calibrate(reports: list[Path], pinned: bool = False) -> Calibration:
+    """The CPU time model of runs on the pinned products (`pinned`) or torch's own, fitted to the
+    usable runs of `reports` (report.md files) that trained on them; to every usable run where
+    fewer than three did. The two differ in every term: torch's own products take their threads
+    (MKL), the pinned ones one thread a product at the studies' sizes, and pinned runs also write
+    out attention (pipeline/cpu_numerics.py)."""
     if not reports:
         raise PlanError("no committed report.md to calibrate the CPU time on (see --calibration)")
     peak = reference_peak(reports)
+    same = [r for r in reports if pinned_report(r) == pinned]
+    points = [p for report in same for p in study_points(report, peak)]
+    kind = "pinned" if pinned else "torch's own products"
+    if len(points) >= 3:
+        return fit(points, peak, f"{len(points)} variants of {len({p.study for p in points})} committed CPU "
+                                 f"studies ({kind})", pinned)
     points = [p for report in reports for p in study_points(report, peak)]
-    return fit(points, peak, f"{len(points)} variants of {len(reports)} committed CPU studies")
+    return fit(points, peak, f"{len(points)} variants of {len({p.study for p in points})} committed CPU studies "
+                             f"(too few {kind} alone)", pinned)

@@ -39,6 +39,11 @@ class Row:
     seconds_per_run: float
     memory: dict  # bytes: weights, gradients, adamw, activations, total
     fits: bool
+    parallel_share: float = 1.0  # of seconds_per_run, what the loop's threads split (Calibration.parallel_share)
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def ram_bytes() -> int:
@@ -104,12 +109,7 @@ def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bo
             seen[id(base)] = base
         return t
 
-    if cfg.arch == "target_lm":  # the batch carries sources the model never reads
-        src_len = 0
-    elif cfg.arch != "encoder_decoder":  # one packed sequence; packing reads lengths, which meta cannot
-        src_len, tgt_len = 0, src_len + tgt_len  # (logits at source positions too: a slight overcount)
-    src = torch.ones(rows, src_len, dtype=torch.long, device="meta") if src_len else None
-    tgt = torch.ones(rows, tgt_len, dtype=torch.long, device="meta")
+    src, tgt = _inputs(cfg, rows, src_len, tgt_len)
     traced = "meta" not in exact.WRITTEN_OUT_ON
     exact.WRITTEN_OUT_ON.add("meta")  # what the CPU runs (pipeline/cpu_numerics.py); a GPU keeps less
     try:
@@ -123,6 +123,62 @@ def activation_bytes(model, cfg, rows: int, src_len: int, tgt_len: int, bf16: bo
         size = t.element_size() // 2 if bf16 and t.is_floating_point() else t.element_size()
         total += t.numel() * size
     return total
+
+
+def _inputs(cfg, rows: int, src_len: int, tgt_len: int):
+    """A meta batch as activation_bytes feeds it: (source or None, target)."""
+    if cfg.arch == "target_lm":  # the batch carries sources the model never reads
+        src_len = 0
+    elif cfg.arch != "encoder_decoder":  # one packed sequence; packing reads lengths, which meta cannot
+        src_len, tgt_len = 0, src_len + tgt_len  # (logits at source positions too: a slight overcount)
+    src = torch.ones(rows, src_len, dtype=torch.long, device="meta") if src_len else None
+    return src, torch.ones(rows, tgt_len, dtype=torch.long, device="meta")
+
+
+def split_pieces(batch: int, m: int, k: int, n: int, threads: int) -> int:
+    """How many pieces pipeline/cpu_numerics.pieces cuts a product of this shape into at `threads`
+    threads (1: whole, on one thread), by its shape alone (tests/test_plan.py holds the two equal)."""
+    from pipeline.cpu_numerics import ROWS, SHARE
+
+    want = min(threads, batch * m * k * n // SHARE)
+    if want < 2 or min(m, k, n) < 2:
+        return 1
+    return min(want, batch) if batch > 1 else max(1, min(want, m // ROWS))
+
+
+def shared_share(model, cfg, rows: int, src_len: int, tgt_len: int, threads: int) -> float:
+    """The share of one training step's multiply-adds in products the pinned products share among
+    `threads` threads: the forward's products traced on the meta device, each with the two its
+    backward makes (the input's gradient, m x n x k; the weight's, k x m x n)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    operands = {aten.mm.default: (0, 1), aten.bmm.default: (0, 1), aten.addmm.default: (1, 2),
+                aten.baddbmm.default: (1, 2)}  # the products pipeline/cpu_numerics.py routes
+    products = []
+
+    class Products(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in operands:
+                a, b = (args[i] for i in operands[func])
+                products.append((a.shape[0] if a.dim() == 3 else 1, *a.shape[-2:], b.shape[-1]))
+            return func(*args, **(kwargs or {}))
+
+    traced = "meta" not in exact.WRITTEN_OUT_ON
+    exact.WRITTEN_OUT_ON.add("meta")  # attention written out, as the pinned CPU runs it
+    try:
+        src, tgt = _inputs(cfg, rows, src_len, tgt_len)
+        with torch.no_grad(), Products():
+            model(src, tgt, tgt)
+    finally:
+        if traced:
+            exact.WRITTEN_OUT_ON.discard("meta")
+    total = shared = 0
+    for batch, m, k, n in products:
+        for shape in ((m, k, n), (m, n, k), (k, m, n)):
+            total += batch * m * k * n
+            shared += batch * m * k * n if split_pieces(batch, *shape, threads) > 1 else 0
+    return shared / total if total else 0.0
 
 
 def memory(model, cfg, shape: tuple[int, int, int], bf16: bool) -> dict:
@@ -206,11 +262,12 @@ def task_of(params: Params) -> str:
 
 
 def plan(params: Params, manifest: dict | None, device: str, peak: float, time, capacity: int,
-         shards: Path | None = None) -> tuple[list[Row], str]:
+         shards: Path | None = None, cores: int | None = None) -> tuple[list[Row], str]:
     """One Row per variant and scale point, and where the sequence lengths come from. `time`: a
     calibration.Calibration. GPU: the device computes while the host prepares the next step, so a
     step takes the longer of its FLOPs at peak x MFU and the host's work per sublayer (the
-    memory-bound term is inside the MFU there)."""
+    memory-bound term is inside the MFU there). CPU: a run takes train.threads, or every one of
+    `cores` (default: this machine's)."""
     lm = task_of(params) == "language_modeling"
     ids = tokenizer_ids(params, manifest)
     bf16 = device != "cpu"  # the train stage autocasts to bf16 on CUDA only
@@ -241,13 +298,17 @@ def plan(params: Params, manifest: dict | None, device: str, peak: float, time, 
             flops = per_token * tokens
             n = sublayers(cfg)
             mem = memory(model, cfg, shape, bf16)
+            share = 1.0
             if device == "cpu":  # float32: a language model's mean batch is the one memory traced
                 act = mem["activations"] if mean == shape else activation_bytes(model, cfg, *mean_shape(cfg, mean), False)
-                seconds = time.cpu_seconds(steps, n, act, flops, peak)
+                threads = tcfg.get("threads") or cores or cpu_cores()  # the loop's own, serial: 0 is every core
+                shared = shared_share(model, cfg, *mean_shape(cfg, mean), threads) if time.pinned else 0.0
+                seconds = time.cpu_seconds(steps, n, act, flops, peak, shared, threads)
+                share = time.parallel_share(steps, n, act, flops, peak, shared, threads)
             else:
                 seconds = max(flops / (peak * time.mfu), steps * n * time.sublayer_s)
             added = sum(1 for r in params.decide.runs.values() if r.variant == variant)  # seeds until decided
             rows.append(Row(variant, scale, model.param_counts()["total"], per_token, tokens, steps,
                             per_point + added if scale is None else len(params.seeds), seconds, mem,
-                            mem["total"] <= capacity))
+                            mem["total"] <= capacity, share))
     return rows, why

@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import json
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -134,23 +135,25 @@ def fit_costs(folders: list[Path], warm: bool = False) -> StageCosts:
     return StageCosts(per_stage, train_fixed, sorted(used), warm, borrowed)
 
 
-def loop_slowdown(jobs: int, threads: int, cores: int) -> float:
+def loop_slowdown(jobs: int, threads: int, cores: int, parallel: float = 1.0) -> float:
     """How much longer a CPU training loop of `threads` threads (0: auto, every free core) takes
-    when `jobs` stages share `cores` cores. Pinned or not: the pinned products are shared among
-    the loop's threads (pipeline/cpu_numerics.shared_matmul)."""
-    return max(1.0, jobs * (threads or cores) / cores)
+    when `jobs` stages share `cores` cores: the part its threads split (`parallel`, a share of
+    its time: Calibration.parallel_share) takes as much longer as each has fewer threads, the
+    rest not (its one thread's work is one thread's either way)."""
+    return 1.0 + (max(1.0, jobs * (threads or cores) / cores) - 1.0) * parallel
 
 
 def study_stages(params: Params, loop_s: dict[tuple[str, str | None], float], costs: StageCosts,
-                 slowdown: float = 1.0) -> list[Stage]:
+                 slowdown: float | Mapping[tuple[str, str | None], float] = 1.0) -> list[Stage]:
     """Every stage of `params` with its seconds; `loop_s[(variant, scale)]` is one run's predicted
-    training loop (scale None: the main size), `slowdown` what sharing the machine does to it."""
+    training loop (scale None: the main size), `slowdown` what sharing the machine does to it
+    (one for all, or each loop's by the same keys)."""
     fixed = costs.per_stage
     stages = [Stage(f, f, fixed[f], (DATA[i - 1],) if i else ()) for i, f in enumerate(DATA)]
     ends = []  # what the report waits for
+    loop_s = {key: loop * (slowdown[key] if isinstance(slowdown, Mapping) else slowdown) for key, loop in loop_s.items()}
 
     def run(family: str, key: str, loop: float, evaluate: str) -> None:
-        loop *= slowdown
         stages.append(Stage(f"{family}@{key}", family, costs.train_fixed_s + loop, ("encode",), loop))
         stages.append(Stage(f"{evaluate}@{key}", evaluate, fixed["evaluate"], (f"{family}@{key}",)))
         ends.extend(s.name for s in stages[-2:])
