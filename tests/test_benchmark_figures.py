@@ -159,8 +159,8 @@ def test_a_caption_row_and_item_are_blocks(tmp_path):
 
 
 @pytest.mark.parametrize("path, old, new", [
-    ("README.md", "283.6 s for the default study", "238.6 s for the default study"),  # the README's figure
-    ("README.md", "about 5 min", "about 12 min"),  # a rounded one, in minutes (4 to 10 min hold a value)
+    ("README.md", "283.6 s on an AMD EPYC Zen 3", "238.6 s on an AMD EPYC Zen 3"),  # the README's figure
+    ("README.md", "3 to 5 min", "3 to 12 min"),  # a rounded one, in minutes (4 to 10 min hold a value)
     ("README.md", "(reports/benchmarks/grid_wall_norm.json)",
      "(reports/benchmarks/grid_wall_auto_warm.json)"),  # a removed snapshot
     ("docs/scaling-out-and-cost-plan.md", "| 1.278× |", "| 1.287× |"),  # a table row under its caption

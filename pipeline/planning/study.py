@@ -9,8 +9,9 @@ moves it little), a family no study run that way timed taking the others' (said 
 plan an upper bound, for a cold one a lower bound). A train stage's fixed cost is
 its measured seconds (`stage_s`) less its run's measured loop; every other family's figure is its
 measured seconds per stage, work included (an evaluation's work depends on what the model
-generates), knockout taking evaluate's where no study timed one. On a CPU a loop runs max(1, jobs x
-threads / cores) times as long; the fixed costs, mostly one thread, do not. Seeds until decided:
+generates), knockout taking evaluate's where no study timed one. On a CPU the part of a loop its
+threads split runs max(1, jobs x threads / cores) times as long (loop_slowdown); the rest of it and
+the fixed costs, mostly one thread, do not. Seeds until decided:
 the rounds run one after another, a run decide.runs added in the round of its look, each later
 round rerunning check_params and the report (rounds).
 """
