@@ -55,7 +55,8 @@ def fmt_time(s: float) -> str:
 def device_facts(device: str, mfu: float | None, reports: list[Path], cpu_peak: str = "measured") -> dict:
     """Peak FLOP/s, memory and the time model (`time`, a Calibration) of `device`. cpu: fitted to
     `reports`' runs on the products the runs here will train on; torch's own scaled by the peak
-    measured here once and cached (cpu_peak="studies": the committed runs'), the pinned not scaled.
+    measured here once and cached (cpu_peak="studies": the committed runs'), the pinned by the
+    pinned kernel's one-thread peak here against the committed pinned runs' machines'.
     GPU: the datasheet peak x `mfu`; no GPU run is measured, so the host's cost is the CPU fit's."""
     if device == "cpu":
         from pipeline import cpu_numerics

@@ -262,7 +262,7 @@ def day_speed(report: Path, reference: float) -> float:
     small to share (pipeline/cpu_numerics.py's SHARE): as a speed it read 0.35-0.49 in the reports
     before and 0.77-0.81 after, and scaled by it, cnn_dailymail_cpu's loops were planned at 0.60x
     and multi30k_cpu's at 0.41x. Pinned runs are fitted to each other as measured instead
-    (`calibrate`): 0.78-1.26x, each study planned by the others. A plan scales them to its
+    (`calibrate`): 0.82-1.27x, each study planned by the others. A plan scales them to its
     machine by the pinned kernel's one-thread peak there (pinned_one_thread_peak)."""
     if pinned_report(report):
         return 1.0

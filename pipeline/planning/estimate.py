@@ -137,7 +137,7 @@ def _inputs(cfg, rows: int, src_len: int, tgt_len: int):
 
 def split_pieces(batch: int, m: int, k: int, n: int, threads: int) -> int:
     """How many pieces pipeline/cpu_numerics.pieces cuts a product of this shape into at `threads`
-    threads (1: whole, on one thread), by its shape alone (tests/test_plan.py holds the two equal)."""
+    threads (1: whole, on one thread), by its shape alone (tests/test_plan_threads.py holds the two equal)."""
     from pipeline.cpu_numerics import ROWS, SHARE
 
     want = min(threads, batch * m * k * n // SHARE)
