@@ -142,30 +142,30 @@ def test_the_figures_are_found_and_read():
 
 def test_a_caption_row_and_item_are_blocks(tmp_path):
     page = ROOT / "docs" / "page.md"  # where the links resolve from; nothing is written
-    text = ("Measured ([x](../reports/benchmarks/grid_wall_norm.json)): 283.6 s, 5 min.\n\n"
-            "| mode | wall |\n|---|---|\n| grid | 283.6 s, 0.696× |\n| other | 99.9 s ([y](../README.md)) |\n\n"
-            "- 1.278× ([x](../reports/benchmarks/grid_wall_norm.json)), 1.4 (not a version: 2.13.0), 1.61e11\n"
+    text = ("Measured ([x](../reports/benchmarks/grid_wall_norm.json)): 151.83 s, 3 min.\n\n"
+            "| mode | wall |\n|---|---|\n| grid | 151.83 s, 0.732× |\n| other | 99.9 s ([y](../README.md)) |\n\n"
+            "- 1.271× ([x](../reports/benchmarks/grid_wall_norm.json)), 1.4 (not a version: 2.13.0), 1.61e11\n"
             "- 99.1 s, no link\n\n"
             "    indented code 99.2 s ([x](../reports/benchmarks/grid_wall_norm.json))\n\n"
             "```\n99.3 s ([x](../reports/benchmarks/grid_wall_norm.json))\n```\n"
             "`reports/benchmarks/grid_wall_norm.json` 42.42 s\n")
     assert problems(page, text) == []
-    assert problems(page, text.replace("0.696×", "0.697×")) == ["docs/page.md: '0.697×' is not in grid_wall_norm.json"]
-    assert problems(page, text.replace("5 min", "12 min")) == ["docs/page.md: '12 min' is not in grid_wall_norm.json"]
+    assert problems(page, text.replace("0.732×", "0.733×")) == ["docs/page.md: '0.733×' is not in grid_wall_norm.json"]
+    assert problems(page, text.replace("3 min", "12 min")) == ["docs/page.md: '12 min' is not in grid_wall_norm.json"]
     assert problems(page, text.replace("1.4 (", "1.9 (")) == ["docs/page.md: '1.9' is not in grid_wall_norm.json"]
-    assert problems(page, text.replace("283.6 s, 5", "283.6 s, +2%, 5")) == []  # measured_over_plan 1.016
+    assert problems(page, text.replace("151.83 s, 3", "151.83 s, -17%, 3")) == []  # measured_over_plan 0.833
     assert problems(page, text.replace("`reports/benchmarks/grid_wall_norm.json`", "`reports/benchmarks/gone.json`")) \
         == ["docs/page.md: reports/benchmarks/gone.json: no such file"]
 
 
 @pytest.mark.parametrize("path, old, new", [
-    ("README.md", "283.6 s on an AMD EPYC Zen 3", "238.6 s on an AMD EPYC Zen 3"),  # the README's figure
-    ("README.md", "3 to 5 min", "3 to 12 min"),  # a rounded one, in minutes (4 to 10 min hold a value)
+    ("README.md", "151.83 s for the default study", "158.13 s for the default study"),  # the README's figure
+    ("README.md", "about 3 min", "about 12 min"),  # a rounded one, in minutes (12 min holds no value)
     ("README.md", "(reports/benchmarks/grid_wall_norm.json)",
      "(reports/benchmarks/grid_wall_auto_warm.json)"),  # a removed snapshot
-    ("docs/scaling-out-and-cost-plan.md", "| 1.278× |", "| 1.287× |"),  # a table row under its caption
-    ("docs/scaling-out-and-cost-plan.md", "| 542.0 s |", "| 259.0 s |"),  # an earlier run's figure
-    ("docs/tests-and-benchmarks.md", "| 283.6 s", "| 187.6 s"),
+    ("docs/scaling-out-and-cost-plan.md", "| 1.271× |", "| 1.217× |"),  # a table row under its caption
+    ("docs/scaling-out-and-cost-plan.md", "| 262.72 s |", "| 259.0 s |"),  # an earlier run's figure
+    ("docs/tests-and-benchmarks.md", "| 151.83 s", "| 187.6 s"),
 ])
 def test_a_changed_figure_is_found(path, old, new):
     page = ROOT / path
