@@ -221,23 +221,31 @@ SHARE = 1 << 23
 _pool: dict = {}
 
 
+def piece_count(batch: int, m: int, k: int, n: int, threads: int) -> int:
+    """How many pieces `pieces` cuts a (batch x) m x k @ k x n product into at `threads` threads,
+    by its shape alone (1: whole; the cost plan reads it too, pipeline/planning/estimate.py)."""
+    want = min(threads, batch * m * k * n // SHARE)
+    if want < 2 or min(m, k, n) < 2:
+        return 1
+    # the last piece takes the rows left over: a piece of one row would be gemv
+    return min(want, batch) if batch > 1 else max(1, min(want, m // ROWS))
+
+
 def pieces(x, y, threads: int) -> list[tuple[tuple, bool]]:
     """How `x @ y` is shared: (index, batched) per piece, [] to run it whole in this thread. Whole
     batches where there are enough; else blocks of ROWS rows, never a piece numpy would multiply
     otherwise (a vector: gemv; x and y one array: syrk)."""
     m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
     batch = x.shape[0] if x.ndim == 3 else 1
-    want = min(threads, batch * m * k * n // SHARE)
-    if want < 2 or min(m, k, n) < 2:
+    want = piece_count(batch, m, k, n, threads)
+    if want < 2:
         return []
     if batch > 1:
-        want = min(want, batch)
         cuts = [batch * i // want for i in range(want + 1)]
         return [((slice(a, b),), True) for a, b in zip(cuts, cuts[1:])]
-    blocks = m // ROWS  # the last piece takes the rows left over: a piece of one row would be gemv
-    want = min(want, blocks)
-    if want < 2 or x.__array_interface__["data"][0] == y.__array_interface__["data"][0]:
+    if x.__array_interface__["data"][0] == y.__array_interface__["data"][0]:
         return []
+    blocks = m // ROWS
     cuts = [ROWS * (blocks * i // want) for i in range(want)] + [m]
     return [((..., slice(a, b), slice(None)), False) for a, b in zip(cuts, cuts[1:])]
 

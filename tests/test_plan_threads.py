@@ -25,7 +25,7 @@ def test_a_products_pieces_are_read_from_its_shape_as_the_pinned_kernel_cuts_it(
                                                      (1, 2, 3)):
         x = np.empty((batch, m, k) if batch > 1 else (m, k), dtype=np.float32)
         y = np.empty((batch, k, n) if batch > 1 else (k, n), dtype=np.float32)
-        assert estimate.split_pieces(batch, m, k, n, threads) == max(1, len(cpu_numerics.pieces(x, y, threads))), (
+        assert cpu_numerics.piece_count(batch, m, k, n, threads) == max(1, len(cpu_numerics.pieces(x, y, threads))), (
             batch, m, k, n, threads)
 
 

@@ -23,6 +23,13 @@ from pipeline.planning.estimate import (PlanError, activation_bytes, mean_shape,
 from pipeline.train import flops_per_target_token
 
 
+def thread_flops(flops: float, split: float, threads: int) -> float:
+    """The FLOPs one thread does on the pinned products: those of products shared among the loop's
+    `threads` (`split`, a share of the multiply-adds: estimate.shared_share) divide among them, the
+    rest run whole. (torch's own products' threads are in the MFU fitted to them.)"""
+    return flops * (1 - split * (1 - 1 / threads))
+
+
 @dataclass
 class Calibration:
     """CPU time model (module docstring), fitted to measured runs."""
@@ -41,10 +48,7 @@ class Calibration:
         return n_sublayers * self.sublayer_s + act_bytes / self.bytes_per_s
 
     def thread_flops(self, flops: float, split: float = 0.0, threads: int = 1) -> float:
-        """The FLOPs one thread does: on the pinned products, those of products shared among the
-        loop's `threads` (`split`, a share of the multiply-adds: estimate.shared_share) divide
-        among them and the rest run whole; torch's own products' threads are in the fitted MFU."""
-        return flops * (1 - split * (1 - 1 / threads)) if self.pinned else flops
+        return thread_flops(flops, split, threads) if self.pinned else flops
 
     def cpu_seconds(self, steps: int, n_sublayers: int, act_bytes: float, flops: float, peak: float,
                     split: float = 0.0, threads: int = 1) -> float:
@@ -316,7 +320,7 @@ def fit(points: list[Point], peak: float, source: str, pinned: bool = False) -> 
 
     if len(points) < 3:
         raise PlanError(f"{source}: fewer than three measured CPU runs to calibrate on")
-    flops = [p.flops * (1 - p.split * (1 - 1 / p.threads)) if pinned else p.flops for p in points]  # thread_flops
+    flops = [thread_flops(p.flops, p.split, p.threads) if pinned else p.flops for p in points]
     at_peak = np.array([f / peak / p.wall_s for f, p in zip(flops, points)])
     if np.any(at_peak >= 1):
         raise PlanError(f"{source}: a measured wall is shorter than its FLOPs at the peak ({peak:.3g} FLOP/s)")

@@ -135,22 +135,13 @@ def _inputs(cfg, rows: int, src_len: int, tgt_len: int):
     return src, torch.ones(rows, tgt_len, dtype=torch.long, device="meta")
 
 
-def split_pieces(batch: int, m: int, k: int, n: int, threads: int) -> int:
-    """How many pieces pipeline/cpu_numerics.pieces cuts a product of this shape into at `threads`
-    threads (1: whole, on one thread), by its shape alone (tests/test_plan_threads.py holds the two equal)."""
-    from pipeline.cpu_numerics import ROWS, SHARE
-
-    want = min(threads, batch * m * k * n // SHARE)
-    if want < 2 or min(m, k, n) < 2:
-        return 1
-    return min(want, batch) if batch > 1 else max(1, min(want, m // ROWS))
-
-
 def shared_share(model, cfg, rows: int, src_len: int, tgt_len: int, threads: int) -> float:
     """The share of one training step's multiply-adds in products the pinned products share among
     `threads` threads: the forward's products traced on the meta device, each with the two its
     backward makes (the input's gradient, m x n x k; the weight's, k x m x n)."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pipeline.cpu_numerics import piece_count
 
     aten = torch.ops.aten
     operands = {aten.mm.default: (0, 1), aten.bmm.default: (0, 1), aten.addmm.default: (1, 2),
@@ -177,7 +168,7 @@ def shared_share(model, cfg, rows: int, src_len: int, tgt_len: int, threads: int
     for batch, m, k, n in products:
         for shape in ((m, k, n), (m, n, k), (k, m, n)):
             total += batch * m * k * n
-            shared += batch * m * k * n if split_pieces(batch, *shape, threads) > 1 else 0
+            shared += batch * m * k * n if piece_count(batch, *shape, threads) > 1 else 0
     return shared / total if total else 0.0
 
 
