@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pipeline.grid import signals
 from pipeline.grid.dag import Task
-from pipeline.grid.eta import eta, kind
+from pipeline.grid.eta import eta, kind, steady
 from pipeline.grid.lifeline import end_groups
 from pipeline.io.progress import clock
 from pipeline.warm.auto import SETTING as AUTO_WARM
@@ -75,6 +75,7 @@ class Launcher:
         self.jobs, self.log_dir, self.cores, self.threads_env = jobs, log_dir, cores, threads_env
         self.prior = prior or {}  # each kind's seconds in the last study, for the ETA (eta.read_prior)
         self.timed: dict[tuple[str, ...], list[float]] = {}  # seconds of the tasks DVC ran, by kind
+        self.shown_end: float | None = None  # the end the last ETA printed (eta.steady)
         self.say = say or (lambda msg: print(msg, flush=True))
         self.lifeline = lifeline  # lifeline.Lifeline: told each process group, so a killed launcher's end them
         self.t0 = time.monotonic()
@@ -182,6 +183,9 @@ class Launcher:
                 self.timed.setdefault(kind(task), []).append(took)
             left = eta([(r.task, end - r.started) for r in self.running], pending, self.timed, self.jobs,
                        self.prior) if pending or self.running else None
+            if left is not None:
+                self.shown_end = steady(self.shown_end, end, end + left)
+                left = self.shown_end - end
             eta_text = "" if left is None else f", ETA {clock(left)}"
             self.say(f"grid: done  {' '.join(task.stages)} in {took:.1f} s  "
                      f"[{len(self.out.done & self.names)}/{total} stages, {clock(end - self.t0)} elapsed{eta_text}]")
