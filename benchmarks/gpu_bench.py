@@ -2,9 +2,10 @@
 
 Three models of equal shape, each eager and torch.compile'd, timed interleaved step for step in one
 process so the ratios are fair: ours (model/), a nanoGPT-style GPT (benchmarks/gpt_step.py's
-MinimalGPT) and a reference built only from torch.nn's Transformer modules; `ours_loss_only` tests
-docs/gpu.md#the-124m-model-mfu's logits hypothesis. tokens/s and MFU are the median of --repeats
-timings, the repeats' MFU range beside it (`mfu_range`).
+MinimalGPT) and a reference built only from torch.nn's Transformer modules; `ours_loss_only` and
+`ours_fused_ce` (benchmarks/fused_ce.py: the logits never whole) test docs/gpu.md#the-124m-model-mfu's
+logits hypothesis. tokens/s and MFU are the median of --repeats timings, the repeats' MFU range
+beside it (`mfu_range`). A runner that fails to compile or run is dropped, its error in the JSON.
 
 Run: python -m benchmarks.gpu_bench --result bench.json [--batch 16 --large-batch 32 --steps 10 --repeats 5]
 The result file is rewritten after each phase, so a run stopped at a time limit keeps its figures.
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from benchmarks.fused_ce import FusedHead
 from benchmarks.gpt_step import MinimalGPT, gpt_config
 from benchmarks.model_speed import time_interleaved
 from model import ModelConfig, build_model
@@ -131,7 +133,8 @@ def bench_gpt(shape: dict, device: torch.device, batch: int, steps: int, repeats
     for phase in phases:
         if not _warm_up(phase, runs, warmed, out):
             continue
-        timing = time_interleaved({n: runs[n] for n in phase}, repeats=repeats, warmup=0, device=device.type)
+        timing = time_interleaved({n: runs[n] for n in phase if n in runs}, repeats=repeats, warmup=0,
+                                  device=device.type)
         timed = timing["wall"]
         for name, seconds in timed.items():
             b = large_batch if name in large else batch
@@ -191,8 +194,9 @@ def _runners(models: dict[str, nn.Module], stepper: Callable, batch: int, large_
     # batch would, instead of turning the first into a dynamic-shape one.
     compiled = {name: torch.compile(m, dynamic=False) for name, m in models.items()}
     compiled["ours_loss_only"] = torch.compile(LossOnly(models["ours"]), dynamic=False)
-    owner = {**{n: n for n in models}, "ours_loss_only": "ours"}  # whose parameters a runner trains
-    first = ["ours", "ours_loss_only", "nanogpt_style"]  # the MFU question, at large_batch
+    compiled["ours_fused_ce"] = torch.compile(FusedHead(models["ours"]), dynamic=False)
+    owner = {**{n: n for n in models}, "ours_loss_only": "ours", "ours_fused_ce": "ours"}  # whose parameters
+    first = ["ours", "ours_loss_only", "ours_fused_ce", "nanogpt_style"]  # the MFU question, at large_batch
     at_batch = list(models) if large_batch and large_batch != batch else list(compiled)
     runs.update({f"{name}_compiled": stepper(models[owner[name]], compiled[name], batch) for name in at_batch})
     if large_batch and large_batch != batch:
@@ -207,13 +211,22 @@ def _runners(models: dict[str, nn.Module], stepper: Callable, batch: int, large_
 
 def _warm_up(phase: list[str], runs: dict, warmed: set[str], out: dict) -> bool:
     """Run each new runner of the phase once (compiling the compiled ones, filling the allocator's
-    cache); False when the device ran out of memory: the phase's runners dropped, `out` says so."""
+    cache); False when the device ran out of memory: the phase's runners dropped, `out` says so. A
+    runner that fails otherwise (a compiler's error) is dropped alone, its error at `NAME_error`."""
     start = time.perf_counter()
     try:
-        for name in phase:
-            if name not in warmed:
+        for name in [n for n in phase if n in runs and n not in warmed]:
+            try:
                 runs[name]()
-                warmed.add(name)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one runner's failure leaves the others' timings
+                out[f"{name}_error"] = f"{type(exc).__name__}: {next(iter(str(exc).splitlines()), '')}"
+                del runs[name]
+                continue
+            warmed.add(name)
+        if not any(name in runs for name in phase):
+            return False
     except torch.OutOfMemoryError as exc:  # a larger micro-batch than the device holds: say so, go on
         out[f"phase_{out['phases_done'] + 1}_error"] = f"out of memory: {str(exc).splitlines()[0]}"
         for name in phase:
@@ -245,17 +258,21 @@ def _ratios(mode: str, compile_models: bool, large_batch: int | None) -> dict[st
               "compiled_over_eager_step": ("ours_compiled", "ours_eager")}
     if compile_models:
         ratios["loss_only_over_ours_step"] = ("ours_loss_only_compiled", "ours_compiled")
+        ratios["fused_ce_over_loss_only_step"] = ("ours_fused_ce_compiled", "ours_loss_only_compiled")
     if large_batch:
         big = f"compiled_b{large_batch}"
         ratios["ours_over_nanogpt_style_step_large_batch"] = (f"ours_{big}", f"nanogpt_style_{big}")
         ratios["loss_only_over_ours_step_large_batch"] = (f"ours_loss_only_{big}", f"ours_{big}")
         ratios["loss_only_over_nanogpt_style_step_large_batch"] = (f"ours_loss_only_{big}", f"nanogpt_style_{big}")
+        ratios["fused_ce_over_loss_only_step_large_batch"] = (f"ours_fused_ce_{big}", f"ours_loss_only_{big}")
+        ratios["fused_ce_over_nanogpt_style_step_large_batch"] = (f"ours_fused_ce_{big}", f"nanogpt_style_{big}")
     return ratios
 
 
 def _best_compiled(out: dict, runs: dict) -> None:
     """mfu_compiled and its runner, batch and range: the best of ours' compiled runners timed so far."""
-    ours = [n for n in runs if n.startswith(("ours_compiled", "ours_loss_only_compiled")) and n in out]
+    ours = [n for n in runs if n.startswith(("ours_compiled", "ours_loss_only_compiled", "ours_fused_ce_compiled"))
+            and n in out]
     if ours:
         best = max(ours, key=lambda n: out[n]["mfu"] or 0.0)
         out["mfu_compiled"], out["mfu_compiled_batch"] = out[best]["mfu"], out[best]["batch"]
