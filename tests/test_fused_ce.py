@@ -83,3 +83,7 @@ def test_torch_compile_traces_the_fused_head_whole():
     torch.testing.assert_close(fused, plain)
     for a, b in zip(grads(fused, *params), grads(plain, *params)):
         torch.testing.assert_close(a, b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the benchmark's step: autocast inside the graph
+        _, plain16 = model(None, x, y)
+        _, fused16 = compiled(None, x, y)
+    torch.testing.assert_close(fused16, plain16, rtol=1e-3, atol=1e-3)
