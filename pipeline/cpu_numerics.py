@@ -52,7 +52,8 @@ _state: dict = {}
 # The CPU models a fresh clone's `bash run.sh` was checked on, identical to the committed study by
 # `python -m pipeline.reproduced` and every recorded model bit for bit (tests/model_bits.py).
 CHECKED_ON = ("Intel Xeon (family 6 model 207, AVX-512, under KVM)",
-              "AMD EPYC (family 25 model 1, AVX2, under KVM)")
+              "AMD EPYC (family 25 model 1, AVX2, under KVM)",
+              "AMD EPYC (family 25 model 17, AVX-512, under KVM)")
 
 
 def has_avx2() -> bool:

@@ -49,3 +49,13 @@ def test_the_committed_lock_hashes_the_code_as_it_is(tmp_path, monkeypatch):
     stages = {stage for stage, entry in lock["stages"].items()
               if any(d["path"] == "pipeline/training" for d in entry.get("deps", []))}
     assert {stage for stage, _ in stale_code(tmp_path)} == stages and stages
+
+
+def test_the_committed_lock_records_each_code_files_size_as_it_is():
+    """DVC decides by the hash alone, so a size left stale by a hand-updated hash passes the test above
+    unseen (pipeline/cpu_numerics.py's was, by 358 bytes): the lock should say what the file is."""
+    lock = yaml.safe_load((ROOT / "dvc.lock").read_text(encoding="utf-8"))
+    recorded = {(d["path"], d["size"]) for stage in lock["stages"].values() for d in stage.get("deps", [])
+                if d["path"] in code_deps(lock) and (ROOT / d["path"]).is_file() and "size" in d}
+    assert len(recorded) > 10
+    assert {(path, size) for path, size in recorded if (ROOT / path).stat().st_size != size} == set()
