@@ -216,7 +216,8 @@ def test_the_last_studys_figures_bring_the_first_eta_near_the_wall():
 @pytest.mark.multiprocess
 def test_the_launcher_prints_the_steady_end(tmp_path, monkeypatch):
     """Launcher._settle prints eta.steady's end: a projection later than the end printed last, which
-    has not passed, leaves that end (scripted projections of 30 s, then 300 s, then 1 s)."""
+    has not passed, leaves that end (scripted projections of 30 s, then 300 s, then 1 s); a later
+    call's tasks start from their own projection."""
     projections = iter([30.0, 300.0, 1.0])
     monkeypatch.setattr(launch_module, "eta", lambda *args: next(projections))
     said: list[str] = []
@@ -225,6 +226,10 @@ def test_the_launcher_prints_the_steady_end(tmp_path, monkeypatch):
     assert launcher.run(tasks, lambda task: [sys.executable, "-c", "pass"])
     etas = [int(m) for m in re.findall(r"ETA 0:00:(\d\d)\]", "\n".join(said))]
     assert len(etas) == 3 and 25 <= etas[1] <= etas[0] == 30 and etas[2] in (0, 1), said
+    projections = iter([300.0])  # another call, other tasks: their own end, not the last call's
+    said.clear()
+    assert launcher.run(tasks[:2], lambda task: [sys.executable, "-c", "pass"])
+    assert re.findall(r"ETA (\d:\d\d:\d\d)\]", "\n".join(said)) == ["0:05:00"], said
 
 
 def test_a_kind_timed_in_this_study_outweighs_the_last_studys():

@@ -140,6 +140,7 @@ class Launcher:
         """Run `tasks` (command_of(task) -> argv), at most self.jobs at once; True if all succeeded."""
         pending, running = list(tasks), self.running
         self.names = {s for t in tasks for s in t.stages}
+        self.shown_end = None  # these tasks' end is another than the last call's
         total = len(self.names)
         bad: set[str] = set()
         while pending or running:
