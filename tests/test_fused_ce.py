@@ -52,6 +52,7 @@ def test_our_model_with_the_fused_head_trains_as_it_does_with_its_own():
     torch.testing.assert_close(fused16, plain16, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow  # torch.compile's wrappers import Dynamo: ~2 s
 def test_the_benchmark_times_the_fused_head_with_the_mfu_question():
     cfg = gpt_config(**TINY)
     models = {name: build_model(cfg) for name in ("ours", "nanogpt_style", "reference")}
