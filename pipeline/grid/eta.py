@@ -2,12 +2,13 @@
 
 Each task is timed by the tasks of its kind (its stage names without their @item), as kinds differ
 tenfold (a run's train + evaluate against the report). A kind not timed yet in this study takes the
-longest it took in this workspace's last study (`prior`, from `read_prior`), else the shortest timed
-kind's mean, since those that come last (knock-outs, the report) are the short ones. Without the
-last study's figures the first ETAs of the H200's studies were 1.9-3.4x their wall (a knock-out
-timed as a training run); each log replayed after the one before it, 0.85-1.41x
-(tests/test_grid_eta.py). Only a task whose every stage DVC ran times its kind: one DVC found up to
-date ends in a second, timing nothing.
+longest it took in this workspace's last study (`prior`, from `read_prior`); in a new workspace, the
+figures of the stages that have ended (`from_stages`: a knock-out and the report at evaluate's, as
+each reads what trained and writes a few files). Timed as a training run, the knock-outs and the
+report put the first ETAs of the H200's studies at 1.9-3.4x their wall; each log replayed after the
+one before it, 0.85-1.41x; by the ended stages alone, 0.91-1.40x (tests/test_grid_eta.py). Only a
+task whose every stage DVC ran times its kind: one DVC found up to date ends in a second, timing
+nothing.
 A pending task starts on the first free slot once the stages it needs are done, as `Launcher.run`
 starts them.
 
@@ -57,11 +58,24 @@ def fit(finished: Sequence[float], running: int) -> tuple[float, list[float]]:
     return mean, [mean + spread * zi for zi in z[len(finished):]]
 
 
+def from_stages(k: tuple[str, ...], stages: Mapping[str, list[float]]) -> float | None:
+    """A kind no task of which has ended, from the stages that have: each of its stages at its
+    family's mean, a family not run yet at the shortest family's (a knock-out and the report beside
+    evaluate: each reads what trained and writes a few files), plus the mean seconds a task spent
+    outside its stages (key "": DVC's start and its bookkeeping). None before a stage has ended."""
+    families = {f: fmean(v) for f, v in stages.items() if f and v}
+    if not families:
+        return None
+    return fmean(stages.get("") or [0.0]) + sum(families.get(f, min(families.values())) for f in k)
+
+
 def eta(running: Iterable[tuple[Task, float]], pending: Sequence[Task], timed: Mapping[tuple[str, ...], list[float]],
-        jobs: int, prior: Mapping[tuple[str, ...], float] | None = None) -> float | None:
+        jobs: int, prior: Mapping[tuple[str, ...], float] | None = None,
+        stages: Mapping[str, list[float]] | None = None) -> float | None:
     """Seconds until the last task ends: `running` as (task, seconds elapsed), `pending` in the
     launcher's order, `timed` the finished tasks' seconds by kind, `prior` each kind's seconds in
-    the last study. None while neither times anything."""
+    the last study, `stages` the ended stages' seconds by family (from_stages). None while none of
+    them times anything."""
     running = sorted(running, key=lambda r: -r[1])  # the longest-running takes a kind's next position
     means, expected = {}, {}
     for k, lengths in timed.items():
@@ -72,7 +86,13 @@ def eta(running: Iterable[tuple[Task, float]], pending: Sequence[Task], timed: M
     fallback = min(means.values()) if means else min(prior.values())
 
     def took(task: Task) -> float:
-        return means.get(kind(task), (prior or {}).get(kind(task), fallback))
+        k = kind(task)
+        if k in means:
+            return means[k]
+        if prior and k in prior:
+            return prior[k]
+        guess = from_stages(k, stages or {})
+        return fallback if guess is None else guess
 
     ends: dict[str, float] = {}
     slots: list[float] = []  # when each busy slot frees, seconds from now

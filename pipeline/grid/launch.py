@@ -76,6 +76,7 @@ class Launcher:
         self.prior = prior or {}  # each kind's seconds in the last study, for the ETA (eta.read_prior)
         self.timed: dict[tuple[str, ...], list[float]] = {}  # seconds of the tasks DVC ran, by kind
         self.shown_end: float | None = None  # the end the last ETA printed (eta.steady)
+        self.stage_s: dict[str, list[float]] = {}  # this call's ended stages' seconds by family (eta.from_stages)
         self.say = say or (lambda msg: print(msg, flush=True))
         self.lifeline = lifeline  # lifeline.Lifeline: told each process group, so a killed launcher's end them
         self.t0 = time.monotonic()
@@ -140,7 +141,7 @@ class Launcher:
         """Run `tasks` (command_of(task) -> argv), at most self.jobs at once; True if all succeeded."""
         pending, running = list(tasks), self.running
         self.names = {s for t in tasks for s in t.stages}
-        self.shown_end = None  # these tasks' end is another than the last call's
+        self.shown_end, self.stage_s = None, {}  # these tasks' end and stages, not the last call's
         total = len(self.names)
         bad: set[str] = set()
         while pending or running:
@@ -182,8 +183,12 @@ class Launcher:
             self.out.done |= set(task.stages)
             if {name for _, name in p.marks} >= set(task.stages):  # not a task DVC found up to date
                 self.timed.setdefault(kind(task), []).append(took)
+                spans = [b - a for a, b in (self.out.spans[name] for name in task.stages)]
+                for name, seconds in zip(task.stages, spans):
+                    self.stage_s.setdefault(name.split("@")[0], []).append(seconds)
+                self.stage_s.setdefault("", []).append(max(took - sum(spans), 0.0))  # DVC's start, around them
             left = eta([(r.task, end - r.started) for r in self.running], pending, self.timed, self.jobs,
-                       self.prior) if pending or self.running else None
+                       self.prior, self.stage_s) if pending or self.running else None
             if left is not None:
                 self.shown_end = steady(self.shown_end, end, end + left)
                 left = self.shown_end - end
