@@ -254,10 +254,11 @@ def test_in_a_new_workspace_a_kind_not_timed_yet_is_timed_by_the_stages_that_end
     assert fmean(map(error, told)) < fmean(map(error, untold)) / 3
 
 
-def test_from_stages_reads_each_stage_at_its_familys_mean_and_a_new_family_at_the_shortest():
+def test_from_stages_reads_each_stage_at_its_familys_mean_and_a_new_family_at_its_base_or_the_shortest():
     stages = {"train": [30.0, 34.0], "evaluate": [4.0, 6.0], "": [2.0, 2.0]}
     assert eta_module.from_stages(("knockout",), stages) == pytest.approx(2.0 + 5.0)
     assert eta_module.from_stages(("train", "evaluate"), stages) == pytest.approx(2.0 + 32.0 + 5.0)
+    assert eta_module.from_stages(("train_lr", "evaluate_lr"), stages) == pytest.approx(2.0 + 32.0 + 5.0)  # a sweep's
     assert eta_module.from_stages(("report",), {}) is None
     report = study(runs=1, knockouts=0)[-1]
     timed = {("train", "evaluate"): [39.0]}

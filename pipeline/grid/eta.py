@@ -60,13 +60,16 @@ def fit(finished: Sequence[float], running: int) -> tuple[float, list[float]]:
 
 def from_stages(k: tuple[str, ...], stages: Mapping[str, list[float]]) -> float | None:
     """A kind no task of which has ended, from the stages that have: each of its stages at its
-    family's mean, a family not run yet at the shortest family's (a knock-out and the report beside
-    evaluate: each reads what trained and writes a few files), plus the mean seconds a task spent
-    outside its stages (key "": DVC's start and its bookkeeping). None before a stage has ended."""
+    family's mean; a family not run yet at the one its name extends (train_lr, train_more and
+    train_scale at train's, evaluate_lr at evaluate's), else at the shortest family's (a knock-out and
+    the report beside evaluate: each reads what trained and writes a few files); plus the mean
+    seconds a task spent outside its stages (key "": DVC's start and its bookkeeping). None before
+    a stage has ended."""
     families = {f: fmean(v) for f, v in stages.items() if f and v}
     if not families:
         return None
-    return fmean(stages.get("") or [0.0]) + sum(families.get(f, min(families.values())) for f in k)
+    shortest = min(families.values())
+    return fmean(stages.get("") or [0.0]) + sum(families.get(f, families.get(f.split("_")[0], shortest)) for f in k)
 
 
 def eta(running: Iterable[tuple[Task, float]], pending: Sequence[Task], timed: Mapping[tuple[str, ...], list[float]],
