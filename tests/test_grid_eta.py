@@ -49,8 +49,8 @@ def simulate(tasks: list[Task], seconds, jobs: int, prior=None, printed: bool = 
         timed.setdefault(kind(task), []).append(now - started)
         if share is not None:
             cut = [1.0] if len(task.stages) == 1 else [1 - share, share]
-            for name, part in zip(task.stages, cut):
-                stages.setdefault(name.split("@")[0], []).append(part * (now - started))
+            for family, part in zip(kind(task), cut):
+                stages.setdefault(family, []).append(part * (now - started))
         if pending or running:
             end = now + eta([(t, now - s) for t, s in running], pending, timed, jobs, prior, stages)
             shown = eta_module.steady(shown, now, end) if printed else end

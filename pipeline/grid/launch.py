@@ -184,8 +184,8 @@ class Launcher:
             if {name for _, name in p.marks} >= set(task.stages):  # not a task DVC found up to date
                 self.timed.setdefault(kind(task), []).append(took)
                 spans = [b - a for a, b in (self.out.spans[name] for name in task.stages)]
-                for name, seconds in zip(task.stages, spans):
-                    self.stage_s.setdefault(name.split("@")[0], []).append(seconds)
+                for family, seconds in zip(kind(task), spans):
+                    self.stage_s.setdefault(family, []).append(seconds)
                 self.stage_s.setdefault("", []).append(max(took - sum(spans), 0.0))  # DVC's start, around them
             left = eta([(r.task, end - r.started) for r in self.running], pending, self.timed, self.jobs,
                        self.prior, self.stage_s) if pending or self.running else None
