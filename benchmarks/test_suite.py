@@ -7,7 +7,8 @@ Run: python -m benchmarks.test_suite quick [--rounds 2]    (in this checkout; a 
                                                            JUnit XML `.ci/run` wrote, C its commit)
      [--out reports/benchmarks/test_suite.json]            (merges this part into the file)
 Prints one JSON object. The quick tier's two ways alternate round by round, so that a slow spell
-of the machine falls on both; read `ratio` (workers ÷ one process). The suite's part clones HEAD
+of the machine falls on both; read `ratio` (workers ÷ one process). Each trial records its
+`steal_share` (/proc/stat: the CPU time a shared host's hypervisor gave to other guests meanwhile). The suite's part clones HEAD
 into a scratch folder (its own .venv: the install is in wall_s, as on CI).
 """
 from __future__ import annotations
@@ -43,14 +44,37 @@ def summary(output: str) -> dict:
     return {"counts": counts, "pytest_s": float(last["seconds"])}
 
 
+def ticks_of(line: str) -> tuple[int, int] | None:
+    """/proc/stat's `cpu` line: (all ticks, steal ticks); None if it has not the eight fields."""
+    fields = line.split()[1:9]
+    if len(fields) < 8 or not all(f.isdigit() for f in fields):
+        return None
+    ticks = [int(f) for f in fields]
+    return sum(ticks), ticks[7]
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    try:
+        return ticks_of(Path("/proc/stat").read_text().split("\n", 1)[0])
+    except OSError:  # no /proc
+        return None
+
+
 def timed(command: list[str], cwd: Path) -> dict:
+    ticks = cpu_ticks()
     t0 = time.monotonic()
     run = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     wall = time.monotonic() - t0
     out = run.stdout + run.stderr
     if run.returncode:
         raise SystemExit(f"test_suite: `{' '.join(command)}` exited {run.returncode}:\n{out[-3000:]}")
-    return {**summary(out), "wall_s": round(wall, 1)}
+    result = {**summary(out), "wall_s": round(wall, 1)}
+    after = cpu_ticks()
+    if ticks and after and after[0] > ticks[0]:
+        # the share of the machine's CPU time the hypervisor gave to other guests meanwhile: one
+        # cause of a slow trial on a shared host that it can name (not the only one)
+        result["steal_share"] = round((after[1] - ticks[1]) / (after[0] - ticks[0]), 3)
+    return result
 
 
 def quick(rounds: int) -> dict:
@@ -60,7 +84,7 @@ def quick(rounds: int) -> dict:
         for way in (WAYS if r % 2 == 0 else reversed(list(WAYS))):
             trials[way].append(timed(WAYS[way], ROOT))
             print(f"test_suite: round {r + 1}/{rounds} {way}: {trials[way][-1]['wall_s']} s", file=sys.stderr)
-    walls = {way: statistics.median(t["wall_s"] for t in trials[way]) for way in WAYS}
+    walls = {way: round(statistics.median(t["wall_s"] for t in trials[way]), 2) for way in WAYS}
     return {"commands": {way: " ".join(c) for way, c in WAYS.items()}, "rounds": rounds,
             "median_wall_s": walls, "ratio": round(walls["workers"] / walls["one_process"], 3),
             "tests": trials["workers"][0]["counts"], "trials": trials, "cpu": cpu_model(), "cores": os.cpu_count()}

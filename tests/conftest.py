@@ -10,19 +10,11 @@ from pathlib import Path
 import pytest
 
 import pipeline  # noqa: F401  (first: pins the CPU kernels' code path before torch is imported)
-import torch
-
-from pipeline import cpu_numerics
-
-cpu_numerics.engage()  # the suite runs models on the kernels the stages run them on
-
-from pipeline.download import write_synthetic
-from pipeline.encode import encode
-from pipeline.filter import filter_files
-from pipeline.params import FilterParams, TrainBpeParams
-from pipeline.train_bpe import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+# torch and the stages are imported where a process runs tests (pytest_configure, the fixtures), not
+# at this module's import: pytest-xdist's controller imports this module too, before it starts its
+# workers, and runs no test (torch, pandas, pyarrow, sentencepiece: ~3 s of the quick tier's start).
 
 
 @pytest.fixture
@@ -42,6 +34,8 @@ def torch_fused_kernel():
 def _one_thread():
     """Test tensors are tiny: thread hand-offs cost more than the maths on a 2-core machine.
     Stages started as subprocesses set their own thread count from params (train.threads)."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -137,12 +131,17 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_configure(config):
+    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    if not controller:  # pytest-xdist's controller starts the workers and runs no test
+        from pipeline import cpu_numerics
+
+        cpu_numerics.engage()  # the suite runs models on the kernels the stages run them on
     if not config.getoption("quick"):
         return
     asked = config.option.markexpr
     config.option.markexpr = f"({QUICK}) and ({asked})" if asked else QUICK
-    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
-        return  # pytest-xdist's controller: it starts the workers and runs no test; each worker is guarded
+    if controller:
+        return  # each worker is guarded
 
     def refuse(what: str):
         raise RuntimeError(f"the quick tier starts no other process, and this test started {what}: "
@@ -168,6 +167,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
@@ -179,6 +180,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_shards(tmp_path_factory) -> Path:
     """raw -> filtered -> tokenizer -> shards for 300 synthetic examples (built once per session)."""
+    from pipeline.download import write_synthetic
+    from pipeline.encode import encode
+    from pipeline.filter import filter_files
+    from pipeline.params import FilterParams, TrainBpeParams
+    from pipeline.train_bpe import train_tokenizer
+
     base = tmp_path_factory.mktemp("tiny")
     write_synthetic(base / "raw", n_examples=300, seed=7)
     filter_files(base / "raw", base / "filtered", FilterParams(max_source_tokens=100, max_target_tokens=40))

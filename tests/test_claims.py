@@ -324,6 +324,7 @@ def test_the_report_stage_checks_a_claims_metric(tmp_path):
         _read_params(path)
 
 
+@pytest.mark.slow
 def test_the_section_opens_the_body_after_the_verdict(tmp_path):
     p = make_project(tmp_path)
     claims = [claim(read="delta", variant="no_ffn", metric="val_loss", expect="worse"),
@@ -344,6 +345,7 @@ def test_the_section_opens_the_body_after_the_verdict(tmp_path):
     assert [c["status"] for c in details["seed_claims"]] == [AGREE, NOT_COMPARABLE]
 
 
+@pytest.mark.slow
 def test_default_params_give_no_section(tmp_path):
     assert load_params(DEFAULT_PARAMS).report.seed_claims == []  # the default study as committed
     assert claims_blocks([], None, {}, [], "baseline", None) == []
@@ -405,6 +407,7 @@ def test_steps_and_seconds_per_step_are_read_from_train_json():
     assert steps["status"] == AGREE and "train.json steps" in steps["ours"]
 
 
+@pytest.mark.slow
 def test_a_seeds_hand_count_is_checked_by_our_models_own_count(tmp_path):
     """Seed 002 counts a block as 3 d² + 3 d d_ff: W_Q, W_K, W_V and SwiGLU's three, no W_O."""
     from pipeline.report import claims

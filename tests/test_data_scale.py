@@ -1,9 +1,12 @@
 """benchmarks/data_scale.py's corpus: seeded, at least the size asked, stories as TinyStories'."""
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.data_scale import SEPARATOR, write_corpus
 
 
+@pytest.mark.slow
 def test_corpus_is_seeded_sized_and_shaped(tmp_path):
     a, b, c = (tmp_path / name for name in ("a.txt", "b.txt", "c.txt"))
     size = write_corpus(a, 200_000, seed=1)

@@ -31,6 +31,7 @@ def test_obf_spends_almost_nothing_early_and_pocock_evenly():
         boundary.spent("haybittle", 0.5, ALPHA)
 
 
+@pytest.mark.slow
 def test_the_first_look_is_students_t_and_the_values_are_reproducible():
     plan = Plan(LOOKS, ALPHA, None, 1, "t", "pocock")
     first = boundary.spent("pocock", LOOKS[0] / LOOKS[-1], ALPHA)

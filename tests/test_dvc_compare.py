@@ -82,6 +82,7 @@ def default_metrics(params: dict) -> dict:
     return metrics_summary(results, list(params["ablations"]))
 
 
+@pytest.mark.slow
 def test_metrics_json_holds_the_verdicts_numbers_and_details_json_the_rest(tmp_path):
     p = make_project(tmp_path)
     out = tmp_path / "reports"

@@ -319,6 +319,7 @@ def test_mean_batch_cells(cell, shape):
     assert calibration.mean_batch(cell) == shape
 
 
+@pytest.mark.slow
 def test_a_report_its_params_no_longer_describe_is_not_calibrated_on(tmp_path):
     """The workspace's params.yaml edited after its report was written: its layers differ from the
     report's parameter counts, so the report's walls are not paired with the wrong model."""

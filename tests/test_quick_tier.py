@@ -41,6 +41,7 @@ def ignores_the_maximum(n: np.ndarray, lo: int, hi: int | None) -> np.ndarray:
     return lo <= n
 
 
+@pytest.mark.slow
 def test_a_broken_filter_fails_the_quick_tiers_data_stage_tests(tmp_path, monkeypatch):
     files = [TESTS / "test_data_stages.py"]
     code, control = run_tier(files, tmp_path / "control")

@@ -141,6 +141,7 @@ def test_a_constant_model_is_flagged_in_eval_json(oov_shards, tmp_path):
     assert ev["outputs"]["identical_share"] == 1.0 and ev["degenerate"]
 
 
+@pytest.mark.slow
 def test_report_marks_metrics_of_degenerate_runs(tmp_path):
     p = make_project(tmp_path)
     path = p.evals / "no_ffn-1" / "eval.json"
@@ -199,6 +200,7 @@ def test_editing_a_local_file_makes_dvc_rerun_download(tmp_path):
     assert "download" in json.loads(dvc("status", "download", "--json"))
 
 
+@pytest.mark.slow
 def test_report_compares_the_baseline_with_a_stated_reference(tmp_path):
     p = make_project(tmp_path)
     values = np.array([p.eval_values[("baseline", s)]["val_loss"] for s in p.seeds])
@@ -224,6 +226,7 @@ def test_report_compares_the_baseline_with_a_stated_reference(tmp_path):
     assert f"Welch t-test p = {p_text}" in line and line.endswith(": better.")
 
 
+@pytest.mark.slow
 def test_the_report_stage_leaves_committed_study_reports_alone(tmp_path):
     p = make_project(tmp_path)
     study = tmp_path / "reports" / "studies" / "x" / "report.md"

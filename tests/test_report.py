@@ -137,6 +137,7 @@ def test_html_is_self_contained_and_embeds_every_figure(rendered):
     assert all(f"(figures/{p.name})" in md for p in pngs)
 
 
+@pytest.mark.slow
 def test_one_seed_report_gives_no_interval_and_no_test(tmp_path):
     p = make_project(tmp_path, seeds=(0,), missing_runs=())
     md = (render(p) / "report.md").read_text(encoding="utf-8")
@@ -161,6 +162,7 @@ def test_attention_prefers_cross_then_decoder_self(tmp_path):
     assert title.endswith("decoder.self") and keys == queries
 
 
+@pytest.mark.slow
 def test_unigram_plateau_table_reads_the_plateau_from_eval_json(tmp_path):
     p = make_project(tmp_path)
     for path in p.evals.glob("*/eval.json"):
@@ -244,6 +246,7 @@ def test_primary_metric_is_uncorrected_and_the_rest_are_holm_corrected_together(
     assert summary["variants"]["no_ffn"]["rouge1"]["role"] == "secondary"
 
 
+@pytest.mark.slow
 def test_report_primary_metric_moves_the_uncorrected_test(tmp_path):
     p = make_project(tmp_path)
     render(p, tmp_path / "reports", budget={}, primary_metric="rouge1")
@@ -269,6 +272,7 @@ def test_power_columns_follow_from_the_sd_of_the_paired_differences(rendered):
     assert rows[("no_rouge", "rouge1")]["detectable |Δ| (80% power)"] == f"{detectable:.3g}"
 
 
+@pytest.mark.slow
 def test_steps_column_shows_the_range_over_seeds_not_a_mean(tmp_path):
     p = make_project(tmp_path)
     for seed, steps in zip(p.seeds, (111, 113, 113)):
@@ -304,6 +308,7 @@ def test_report_opens_with_one_verdict_per_ablation_then_the_delta_figure(render
     assert html.index("<h2>Verdict</h2>") < html.index("<figure>") < html.index("<table>")
 
 
+@pytest.mark.slow
 def test_a_spending_boundarys_unbounded_look_renders(tmp_path):
     """O'Brien-Fleming-type spending at α 0.01 spends next to nothing at 5 of 20 seeds, below
     what its Monte Carlo resolves: no verdict there, the interval unbounded. The report, its Δ figure

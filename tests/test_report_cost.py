@@ -2,6 +2,8 @@
 processes used where train.json measured it."""
 import json
 
+import pytest
+
 from tests.fixtures.report.fake_runs import make_project
 from tests.test_report import md_table, render
 
@@ -31,6 +33,7 @@ def test_cost_table_marks_timings_taken_under_contention(tmp_path):
     assert "understate this code's speed: no_ffn (seed 1)." in md
 
 
+@pytest.mark.slow
 def test_contention_is_what_other_processes_used_where_train_json_measured_it(tmp_path):
     """A load of 3 on 2 cores with others at 2% of the CPU: the run's own threads and the previous
     stage's tail, not contention. 25%: contention, whatever the load said."""
@@ -47,6 +50,7 @@ def test_contention_is_what_other_processes_used_where_train_json_measured_it(tm
     assert "sibling stages" not in md  # no run here was the grid launcher's
 
 
+@pytest.mark.slow
 def test_runs_beside_the_grid_launchers_siblings_are_said_so(tmp_path):
     p = make_project(tmp_path)
     for s in p.seeds:

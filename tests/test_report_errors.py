@@ -14,6 +14,7 @@ from tests.test_report import render
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_bad_json_names_the_file_and_keeps_the_previous_report(tmp_path):
     p = make_project(tmp_path)
     out = render(p)

@@ -166,6 +166,7 @@ def test_a_directory_lists_gzip_files_by_the_suffix_under_gz(tmp_path):
     assert frames["train"]["target"].tolist() == ["One.", "Two.", "Three."]
 
 
+@pytest.mark.slow
 def test_gzip_is_streamed_so_max_rows_stops_before_a_damaged_tail(tmp_path):
     lines = "".join(json.dumps({"source": f"s{i}", "target": f"t{i}"}) + "\n" for i in range(200_000))
     path = gzip_file(tmp_path / "big.jsonl.gz", lines)

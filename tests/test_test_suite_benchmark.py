@@ -30,3 +30,15 @@ def test_a_ci_run_is_read_from_its_junit_xml(tmp_path):
     run = from_junit(xml, "abc1234")
     assert run["counts"] == {"passed": 2, "skipped": 1, "xfailed": 1, "failed": 1}
     assert (run["pytest_s"], run["browser_passed"], run["commit"]) == (12.5, 1, "abc1234")
+
+
+def test_a_trial_records_the_share_of_cpu_time_stolen_meanwhile(tmp_path, monkeypatch):
+    """The steal share is the difference of /proc/stat's steal ticks over the difference of all its
+    ticks, read before and after the command (here a fake /proc/stat, 40 of 400 ticks stolen)."""
+    import benchmarks.test_suite as ts
+
+    lines = iter(["cpu  100 0 0 800 0 0 0 100 0 0\n", "cpu  260 0 0 1000 0 0 0 140 0 0\n"])
+    monkeypatch.setattr(ts, "cpu_ticks", lambda: ts.ticks_of(next(lines)))
+    command = ["echo", "3 passed in 0.01s"]
+    assert ts.timed(command, tmp_path)["steal_share"] == 0.1
+    assert ts.ticks_of("cpu  1 2\n") is None  # a line it cannot read: no share, not a wrong one

@@ -8,13 +8,20 @@ import threading
 import time
 from pathlib import Path
 
-import mlflow.tracking as mlflow_tracking  # a hard dependency, imported plainly (and once, so timings exclude it)
 import pytest
 
 from pipeline import tracking
 from pipeline.tracking import Tracker, flatten
 from pipeline.train import run
 from test_trainer import resolved
+
+
+def mlflow_tracking():
+    """MLflow's client module, imported by the tests that use it: seconds of import that each of
+    the quick tier's workers would otherwise pay while collecting this file."""
+    import mlflow.tracking
+
+    return mlflow.tracking
 
 
 @pytest.fixture(autouse=True)
@@ -157,6 +164,7 @@ def test_stalled_server_is_bounded_by_retries_times_timeout(monkeypatch, capsys)
     assert elapsed < 60  # timeouts and backoff, not MLflow's 7 x 120 s; wide for a loaded machine
 
 
+@pytest.mark.slow
 def test_unwritable_sqlite_store_costs_a_warning_not_the_run(tiny_shards, tmp_path, monkeypatch, capsys):
     (tmp_path / "in-the-way").write_text("a file where the store's directory should be")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'in-the-way' / 'mlflow.db'}")
@@ -170,7 +178,7 @@ def test_working_store_mirrors_params_curves_and_files(tiny_shards, tmp_path, mo
     monkeypatch.chdir(tmp_path)  # the default artifact root ./mlruns lands in tmp_path
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     info = assert_dvc_outputs_complete(train_tiny(tiny_shards, tmp_path))
-    client = mlflow_tracking.MlflowClient()
+    client = mlflow_tracking().MlflowClient()
     mirrored = client.get_run(info["mlflow_run_id"])
     assert mirrored.info.status == "FINISHED"
     assert mirrored.data.params["model.d_model"] == "32" and mirrored.data.tags["variant"] == "v"
@@ -246,7 +254,7 @@ def test_a_killed_live_run_ends_as_killed_when_its_stage_reruns(tmp_path, monkey
     monkeypatch.delenv("DVC_EXP_NAME")
     rerun = Tracker()
     rerun.start("abl-test", "baseline-0", {})
-    client = mlflow_tracking.MlflowClient()
+    client = mlflow_tracking().MlflowClient()
     status = {t.run_id: client.get_run(t.run_id).info.status for t in (killed, other, queued, rerun)}
     assert status == {killed.run_id: "KILLED", other.run_id: "RUNNING", queued.run_id: "RUNNING",
                       rerun.run_id: "RUNNING"}
@@ -308,7 +316,7 @@ def test_the_store_maker_never_replaces_a_store_and_cleans_up_after_a_failure(tm
     store.write_bytes(b"a store that came first")
     assert not tracking.make_store(store)  # linked only where there is none
     assert store.read_bytes() == b"a store that came first" and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
-    monkeypatch.setattr(mlflow_tracking, "MlflowClient", lambda **_: 1 / 0)
+    monkeypatch.setattr(mlflow_tracking(), "MlflowClient", lambda **_: 1 / 0)
     assert not tracking.make_store(tmp_path / "other.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
 

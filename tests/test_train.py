@@ -24,6 +24,7 @@ def no_mlflow(monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_TRACKING", "0")
 
 
+@pytest.mark.slow
 def test_a_flop_budget_gives_a_variant_cheaper_per_token_more_tokens(tiny_shards, tmp_path):
     shards = tiny_shards / "shards"
     out = {name: run(shards, name, 0, resolved(model, budget_flops=2e9), "x", tmp_path / f"r-{name}", tmp_path / f"c-{name}")

@@ -44,6 +44,7 @@ def resolved(model=None, **train_over) -> dict:
 def no_mlflow(monkeypatch):
     monkeypatch.setenv("ABLATION_LAB_TRACKING", "0")
 
+@pytest.mark.slow
 def test_every_variant_gets_the_same_token_budget(tiny_shards):
     shards = tiny_shards / "shards"
     out = {}
@@ -54,6 +55,7 @@ def test_every_variant_gets_the_same_token_budget(tiny_shards):
     assert len({m["steps"] for m in out.values()}) == 1
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics_different_seed_different(tiny_shards):
     shards = tiny_shards / "shards"
     a = run(shards, "v", 1, resolved(), "x", tiny_shards / "a", tiny_shards / "ca")
@@ -146,6 +148,7 @@ def test_a_budget_of_absurdly_many_passes_is_refused_before_planning(tiny_shards
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_checkpoints_of_other_settings_are_never_resumed_and_are_cleared(tiny_shards, tmp_path, capsys):
     """A finished run with other settings leaves higher step numbers behind; the new run must neither
     resume from them nor lose its own checkpoints to them when the last K are kept."""
