@@ -8,8 +8,8 @@ Run: python -m benchmarks.test_suite quick [--rounds 2]    (in this checkout; a 
      [--out reports/benchmarks/test_suite.json]            (merges this part into the file)
 Prints one JSON object. The quick tier's two ways alternate round by round, so that a slow spell
 of the machine falls on both; read `ratio` (workers ÷ one process). Each trial records its
-`steal_share` (/proc/stat: the CPU time a shared host's hypervisor gave to other guests meanwhile). The suite's part clones HEAD
-into a scratch folder (its own .venv: the install is in wall_s, as on CI).
+`steal_share` (/proc/stat: the CPU time a shared host's hypervisor gave other guests meanwhile).
+The suite's part clones HEAD into a scratch folder (its own .venv: the install is in wall_s, as on CI).
 """
 from __future__ import annotations
 

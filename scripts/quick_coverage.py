@@ -1,7 +1,7 @@
 """Which quick-tier tests call each stage's work (docs/tests-and-benchmarks.md): the tier run in this
 process with each stage function wrapped, so the table says what the tier covers today.
 
-    python -m scripts.quick_coverage          # rewrite the block in its page (a quick run in one process, ~4 min)
+    python -m scripts.quick_coverage          # rewrite the block in its page (the tier in one process, ~3 min)
     python -m scripts.quick_coverage --check  # exit 1 if the block is stale
 
 A call made while a fixture shared by several tests builds (tests/conftest.py's `tiny_shards`, a
